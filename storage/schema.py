@@ -23,6 +23,10 @@ CROSSING_COLUMNS: tuple[str, ...] = tuple(
     f"t_cross_{round(f * 100):03d}" for f in CROSSING_FRACTIONS
 )
 
+#: Escape-time eps always computed by ``analyze``, and their summaries columns.
+ESCAPE_EPS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9)
+ESCAPE_COLUMNS: tuple[str, ...] = tuple(f"escape_time_{round(e * 100):03d}" for e in ESCAPE_EPS)
+
 RUNS = pa.schema(
     [
         ("run_id", pa.string()),
@@ -109,6 +113,21 @@ SUMMARIES = pa.schema(
         ("n_plateaus", I64),
         ("final_param_rel_change", F64),
         ("final_kernel_distance", F64),
+        # additions (analysis)
+        ("order_parameter", pa.string()),  # name of the order parameter the regime used
+        ("order_value", F64),  # its final value (NULL if neither parameter was logged)
+        ("lazy_threshold", F64),  # the threshold it was compared with
+        ("initial_train_loss", F64),  # first logged train loss (L0)
+        ("final_train_loss", F64),  # last logged finite train loss
+        ("loss_ratio", F64),  # final / initial train loss
+        ("final_time", F64),  # gradient-flow time of the last logged point
+        ("final_test_loss", F64),
+        ("final_act_flip_frac", F64),
+        ("final_transversal_grad_sq", F64),
+        ("escape_eps", F64),  # the eps of escape_time
+        *((c, F64) for c in ESCAPE_COLUMNS),  # escape times at ESCAPE_EPS
+        ("extra_escape_eps", pa.list_(F64)),  # analysis.extra_escape_eps
+        ("extra_escape_times", pa.list_(F64)),  # escape times at those eps, same order
     ]
 )
 
@@ -119,6 +138,10 @@ PLATEAUS = pa.schema(
         ("start", F64),
         ("end", F64),
         ("duration", F64),
+        # additions (analysis)
+        ("plateau_index", I64),  # 0-based order within the run (0: the plateau at L0)
+        ("drop_frac", F64),  # relative loss decrease of the drop that ends the plateau
+        ("contrast", F64),  # peak loss-decay rate of that drop / rate on the plateau
     ]
 )
 
@@ -139,6 +162,19 @@ SCALING_FITS = pa.schema(
         ("theory_slope", F64),  # NULL where the theory gives none
         ("n_points", I64),
         ("n_seeds", I64),
+        # additions (analysis)
+        ("y", pa.string()),  # 'log_escape_time' | 'escape_time' (what slope differentiates)
+        ("intercept", F64),  # y = intercept + slope * x
+        ("eps", F64),  # eps of the escape times fitted
+        ("width", I64),  # the other grid axes of the group (NULL: not a grid axis)
+        ("activation", pa.string()),
+        ("noise_sigma", F64),
+        ("lr", F64),
+        ("init_scale_min", F64),
+        ("init_scale_max", F64),
+        ("ci_method", pa.string()),  # 'seeds_t' (t-interval of per-seed slopes) | 'ols_t'
+        ("confidence", F64),
+        ("theory", pa.string()),  # the law the theory slope comes from
     ]
 )
 
