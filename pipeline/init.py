@@ -1,0 +1,84 @@
+"""Initialization schemes for ensembles.
+
+Each member is drawn from its own generator (seeded from its ``train.seed``), so
+its initial weights do not depend on the chunk it was packed into. The loop
+over members runs once per chunk, before training.
+
+Schemes (``model.init``):
+
+- ``gaussian``: i.i.d. normal entries; ``init_norm`` says what ``init_scale`` g
+  sets: ``fan_in`` — std = g · the parameterization's own std; ``entry_std`` —
+  std = g; ``frobenius`` — each layer rescaled to ‖W_l(0)‖_F = g.
+- ``balanced``: aligned rank one, W_l = g · u_l u_{l−1}ᵀ with random unit vectors
+  u, so W_{l+1}ᵀW_{l+1} = W_l W_lᵀ exactly and ‖W_l‖_F = g.
+- ``antisymmetric``: gaussian, then the second half of the last hidden layer
+  copies the first half and the output layer sees the two halves with opposite
+  signs, so the output is exactly 0 at init (the doubling trick).
+
+``layer_scales`` multiplies layer l by its entry afterwards (unbalanced init).
+Biases start at zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pipeline.models import EnsembleMLP, Params
+from pipeline.seeding import generator
+from pipeline.spec import ModelConfig
+
+
+def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
+    v = torch.randn(n, generator=gen, dtype=torch.float64)
+    return v / v.norm()
+
+
+def _member_weights(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch.Tensor]:
+    gen = generator(seed, "init")
+    g = cfg.init_scale
+    dims = net.dims
+    if cfg.init == "balanced":
+        units = [_unit(n, gen) for n in dims]
+        weights = [g * torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
+    else:
+        weights = []
+        for l in range(1, len(dims)):
+            w = torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)
+            if cfg.init_norm == "fan_in":
+                w *= g * net.base_std(l)
+            elif cfg.init_norm == "entry_std":
+                w *= g
+            else:
+                w *= g / w.norm()
+            weights.append(w)
+        if cfg.init == "antisymmetric":
+            half = dims[-2] // 2
+            weights[-2][half:] = weights[-2][:half]
+            weights[-1][:, half:] = -weights[-1][:, :half]
+    if cfg.layer_scales is not None:
+        weights = [w * s for w, s in zip(weights, cfg.layer_scales)]
+    return weights
+
+
+def init_params(
+    net: EnsembleMLP,
+    configs: Sequence[ModelConfig],
+    seeds: Sequence[int],
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+) -> Params:
+    """Initial parameters of an ensemble: member e uses ``configs[e]`` and ``seeds[e]``.
+
+    Drawn in float64 on the CPU (identical on every device), then cast and moved.
+    """
+    per_member = [_member_weights(net, c, s) for c, s in zip(configs, seeds)]
+    weights = [
+        torch.stack([m[l] for m in per_member]).to(device=device, dtype=dtype)
+        for l in range(net.depth)
+    ]
+    biases = None
+    if net.config.bias:
+        biases = [torch.zeros(len(configs), n, dtype=dtype, device=device) for n in net.dims[1:]]
+    return Params(weights, biases)

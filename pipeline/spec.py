@@ -1,0 +1,365 @@
+"""The sweep spec: a validated base config plus a ``grid`` of axes.
+
+A spec is YAML (see DESIGN.md). It is validated with pydantic in strict mode:
+unknown keys, wrong types and out-of-range values are errors that name the
+dotted key and the offending value (:class:`SpecError`). Nothing here touches
+the store; the CLI validates the whole spec before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+SWEEP_NAME = re.compile(r"^[a-z0-9_-]+$")
+
+Activation = Literal["linear", "relu", "leaky_relu", "tanh"]
+Parameterization = Literal["standard", "ntk", "mean_field"]
+DataKind = Literal[
+    "teacher",
+    "subspace",
+    "symmetric",
+    "perturbed_symmetric",
+    "orthogonal",
+    "xor",
+    "digits",
+]
+
+
+class SpecError(ValueError):
+    """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given."""
+
+    def __init__(self, key: str, value: Any, reason: str) -> None:
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"invalid spec: {key} = {value!r}: {reason}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelConfig(_Section):
+    """A fully connected net. ``depth`` counts weight matrices (depth 2 = one hidden layer)."""
+
+    depth: PositiveInt = 2
+    width: PositiveInt = 256
+    activation: Activation = "relu"
+    leaky_slope: NonNegativeFloat = 0.01
+    bias: bool = False
+    parameterization: Parameterization = "ntk"
+    #: Multiplies the standard deviation of every layer's initial weights.
+    init_scale: PositiveFloat = 1.0
+    #: gaussian: i.i.d. normal; balanced: aligned rank-one, exactly balanced layers;
+    #: antisymmetric: two mirrored halves so the output is exactly 0 at init.
+    init: Literal["gaussian", "balanced", "antisymmetric"] = "gaussian"
+    #: What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times
+    #: init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius``
+    #: (every layer is rescaled to ||W_l(0)||_F = init_scale).
+    init_norm: Literal["fan_in", "entry_std", "frobenius"] = "fan_in"
+    #: Extra per-layer multipliers of the init (unbalanced init); length ``depth``.
+    layer_scales: list[PositiveFloat] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if self.layer_scales is not None and len(self.layer_scales) != self.depth:
+            raise ValueError(
+                f"layer_scales has {len(self.layer_scales)} entries but depth is {self.depth}"
+            )
+        if self.init == "antisymmetric" and (self.depth < 2 or self.width % 2):
+            raise ValueError("init antisymmetric needs depth >= 2 and an even width")
+        return self
+
+
+class DataConfig(_Section):
+    """Training and test data. Inputs have ``input_dim`` features, labels ``output_dim``."""
+
+    kind: DataKind = "teacher"
+    n_train: PositiveInt = 64
+    n_test: PositiveInt = 256
+    input_dim: PositiveInt = 10
+    output_dim: PositiveInt = 1
+    #: subspace data: dimension of the data subspace.
+    subspace_dim: PositiveInt = 2
+    #: subspace data: std of the noise in the codimension (or everywhere, see ``noise``).
+    noise_sigma: NonNegativeFloat = 0.0
+    noise: Literal["codim", "isotropic"] = "codim"
+    #: subspace data: rotate the subspace randomly (False: the first coordinates).
+    rotate: bool = True
+    #: teacher net of the labels (teacher and subspace data).
+    teacher_width: PositiveInt = 4
+    teacher_activation: Literal["linear", "relu", "tanh"] | None = None
+    #: linear teacher with these singular values (descending), e.g. for plateau calibration.
+    teacher_singular_values: list[PositiveFloat] | None = None
+    #: symmetric-type data: make the empirical input covariance exactly the identity.
+    whiten: bool = False
+    #: perturbed_symmetric: size of the symmetry-breaking perturbation.
+    delta: NonNegativeFloat = 0.0
+    #: std of Gaussian label noise; ``label_noise_symmetric`` keeps odd labels odd.
+    label_noise: NonNegativeFloat = 0.0
+    label_noise_symmetric: bool = False
+    #: digits: which classes to keep (None: all ten).
+    classes: list[NonNegativeInt] | None = None
+    #: data seed; None derives it from ``train.seed``.
+    seed: NonNegativeInt | None = None
+
+    @model_validator(mode="after")
+    def _subspace_fits(self) -> DataConfig:
+        if self.kind == "subspace" and self.subspace_dim > self.input_dim:
+            raise ValueError(f"subspace_dim {self.subspace_dim} exceeds input_dim {self.input_dim}")
+        return self
+
+
+class LrScaling(_Section):
+    """lr = train.lr * init_scale**init_scale_power * width**width_power."""
+
+    init_scale_power: float = 0.0
+    width_power: float = 0.0
+
+
+class TrainConfig(_Section):
+    optimizer: Literal["gd", "sgd"] = "gd"
+    batch_size: PositiveInt | None = None
+    lr: PositiveFloat = 0.05
+    #: constant; cosine (from lr to lr*lr_min_frac); norm_adaptive:
+    #: eta = min(lr, lr_c * ||theta||^(2 - depth)). Time is always t = sum eta_k.
+    lr_schedule: Literal["constant", "cosine", "norm_adaptive"] = "constant"
+    lr_min_frac: NonNegativeFloat = 0.0
+    lr_c: PositiveFloat = 1.0
+    lr_scaling: LrScaling = LrScaling()
+    steps: PositiveInt = 5000
+    log_points: Annotated[int, Field(ge=2)] = 100
+    seed: NonNegativeInt = 0
+    #: a member whose loss exceeds this factor times its initial loss is diverged.
+    divergence_factor: Annotated[float, Field(gt=1)] = 1e6
+    dtype: Literal["float64", "float32"] = "float64"
+    allow_tf32: bool = False
+
+    @model_validator(mode="after")
+    def _batch_size_for_sgd(self) -> TrainConfig:
+        if self.optimizer == "sgd" and self.batch_size is None:
+            raise ValueError("optimizer sgd needs batch_size")
+        return self
+
+
+class MetricsConfig(_Section):
+    """Metrics recorded at logged steps; kernels and spectra on a fixed probe set."""
+
+    #: probe inputs for the NTK, activation flips and output norms (first test points).
+    probe_size: Annotated[int, Field(ge=1, le=512)] = 64
+    ntk: bool = True
+    top_k: Annotated[int, Field(ge=1, le=64)] = 5
+    transversal: bool = True
+
+
+class AnalysisConfig(_Section):
+    """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
+
+    order_parameter: Literal["kernel_distance", "param_rel_change"] = "kernel_distance"
+    #: runs with the order parameter below this are lazy, above it rich.
+    lazy_threshold: PositiveFloat = 0.1
+    #: threshold for the other order parameter, used when ``order_parameter`` is NULL
+    #: for a run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``.
+    fallback_lazy_threshold: PositiveFloat | None = None
+    #: a run whose final train loss is above this fraction of its initial loss is not_converged.
+    converged_loss_frac: PositiveFloat = 0.1
+    escape_eps: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = [0.1, 0.9]
+    #: a run escapes only if its loss fell by at least this fraction of L0 overall;
+    #: below it (a run stuck at a saddle) the escape time is NULL.
+    escape_min_drop: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    #: plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must
+    #: exceed the rate on the plateau by this factor (linear dynamics never accelerate).
+    plateau_contrast: Annotated[float, Field(gt=1)] = 3.0
+    #: plateaus: the drop that ends a plateau lowers the loss by at least this fraction.
+    plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    #: plateaus: losses below this fraction of L0 are clipped (round-off floor).
+    plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = 1e-12
+    #: scaling fits: the fitted init scales must span at least this many decades.
+    fit_min_decades: PositiveFloat = 2.0
+    #: scaling fits: regimes of the runs whose escape times are fitted.
+    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = ["rich", "not_converged"]
+    #: scaling fits: only runs with init_scale at most this (None: all).
+    fit_init_scale_max: PositiveFloat | None = None
+    #: scaling fits: confidence level of the intervals.
+    fit_confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+
+
+class PlotSpec(_Section):
+    """One figure of ``phasesweep plot``; unset fields are chosen from the swept axes."""
+
+    kind: Literal["phase_diagram", "escape_time", "loss_curves", "singular_values", "transversal"]
+    x: str | None = None
+    y: str | None = None
+    value: str | None = None
+    hue: str | None = None
+    #: one panel per value of this runs column.
+    facet: str | None = None
+    #: SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``.
+    where: str | None = None
+    #: file name stem (NAME.png, NAME.svg); default: derived from kind and axes.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = None
+    title: str | None = None
+
+
+class ExecutionConfig(_Section):
+    #: most members in one chunk (one Ray trial); the memory budget may make it smaller.
+    max_chunk_size: PositiveInt = 1024
+    #: memory a chunk may use for parameters, gradients and activations, MiB.
+    memory_budget_mb: PositiveInt = 1024
+
+
+class RunConfig(_Section):
+    """The resolved config of one grid point: everything that determines its training."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+
+#: Short grid names and the dotted paths they stand for.
+SHORT_NAMES: dict[str, str] = {
+    "init_scale": "model.init_scale",
+    "width": "model.width",
+    "depth": "model.depth",
+    "activation": "model.activation",
+    "leaky_slope": "model.leaky_slope",
+    "noise_sigma": "data.noise_sigma",
+    "n_train": "data.n_train",
+    "lr": "train.lr",
+    "seed": "train.seed",
+}
+
+
+class SweepSpec(_Section):
+    name: str
+    description: str = ""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
+    plots: list[PlotSpec] | None = None
+    execution: ExecutionConfig = ExecutionConfig()
+    #: axis (short name or dotted path into model/data/train/metrics) -> values.
+    grid: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_partition_key(cls, v: str) -> str:
+        if not SWEEP_NAME.match(v):
+            raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
+        return v
+
+    def base(self) -> RunConfig:
+        return RunConfig(model=self.model, data=self.data, train=self.train, metrics=self.metrics)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _lookup(raw: Any, loc: tuple[Any, ...]) -> Any:
+    node = raw
+    for part in loc:
+        if (
+            isinstance(node, dict)
+            and part in node
+            or isinstance(node, list)
+            and isinstance(part, int)
+            and part < len(node)
+        ):
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def raise_from_validation(err: ValidationError, raw: Any, prefix: str = "") -> None:
+    """Re-raise pydantic's first error as a :class:`SpecError` naming key and value."""
+    first = err.errors()[0]
+    loc = tuple(p for p in first["loc"] if not str(p).startswith("function-"))
+    # strict unions report the branch type in the location; drop those tails.
+    loc = tuple(p for p in loc if p not in {"list[...]", "float", "int", "str", "bool", "none"})
+    key = prefix + _dotted(loc) if loc else prefix.rstrip(".") or "<spec>"
+    value = _lookup(raw, loc) if first["type"] != "extra_forbidden" else first.get("input")
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown key"
+    raise SpecError(key, value, reason) from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as YAML; returns (dotted key, value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise SpecError("--set", text, "expected KEY=VALUE")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as e:
+        raise SpecError(key.strip(), value, f"value is not valid YAML: {e}") from None
+    return key.strip(), parsed
+
+
+def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``raw[k1][k2]...`` = value for the dotted ``key``, creating sections as needed."""
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(
+                ".".join(parts[: i + 1]), child, "is not a section, cannot set a key in it"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    """Read a spec file as a plain dict (no validation)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError("SPEC", str(path), f"cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError("SPEC", str(path), f"malformed YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError("SPEC", str(path), "top level must be a mapping of keys")
+    return raw
+
+
+def validate_spec(raw: dict[str, Any]) -> SweepSpec:
+    """Validate a raw spec dict; raises :class:`SpecError`."""
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        raise_from_validation(e, raw)
+        raise  # unreachable: raise_from_validation always raises
+
+
+def load_spec(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, dict[str, Any]]:
+    """Load, override (``--set``) and validate a spec; returns the spec and its raw dict."""
+    raw = load_raw(path)
+    for text in overrides:
+        apply_override(raw, *parse_override(text))
+    return validate_spec(raw), raw

@@ -1,0 +1,349 @@
+"""The vectorized ensemble trainer: one chunk of grid points trains as one ensemble.
+
+Per step, for all members at once: forward and hand-written backward
+(:func:`pipeline.models.loss_and_grads`), loss-crossing events, divergence
+masks, and the update ``θ ← θ − η_k ∇L`` with a per-member ``η_k``. Nothing in
+the step synchronises with the host or loops over members; the host is
+consulted only at logged steps, where metrics are recorded.
+
+Clock: row ``step = k`` holds θ_k (after k updates) and the gradient-flow time
+``t_k = Σ_{j<k} η_j``. Full-batch GD evaluates the full training loss every
+step; SGD evaluates its minibatch loss every step (events and divergence use
+it) and the full training loss at logged steps.
+
+Divergence: a member whose loss is not finite or exceeds
+``divergence_factor`` × its initial loss is stopped (η = 0, parameters zeroed
+at the next logged step so no NaN/Inf lingers) and stored as ``diverged`` with
+the rows logged before it diverged; the others go on unaffected.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor
+
+from pipeline.datasets import DataBatch, data_seed, make_dataset, stack
+from pipeline.grid import Chunk
+from pipeline.init import init_params
+from pipeline.metrics import MetricRecorder
+from pipeline.models import EnsembleMLP, Params, loss_and_grads, mse_loss
+from pipeline.seeding import derive_seed, permutations
+from pipeline.spec import RunConfig
+from storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, LAYERS, RUNS, TRAJECTORIES
+
+
+def log_steps(steps: int, log_points: int) -> np.ndarray:
+    """About ``log_points`` log-spaced steps in [0, steps], 0 and ``steps`` included, unique."""
+    inner = np.round(np.logspace(0, math.log10(steps), max(log_points - 1, 1))).astype(np.int64)
+    return np.unique(np.concatenate([[0], inner, [steps]]))
+
+
+def member_lr(config: RunConfig) -> float:
+    """Base learning rate after the spec's scaling rule."""
+    s = config.train.lr_scaling
+    return (
+        config.train.lr
+        * config.model.init_scale**s.init_scale_power
+        * config.model.width**s.width_power
+    )
+
+
+@dataclass
+class _Log:
+    """Host-side accumulation of logged rows: lists of (E,)-shaped numpy arrays per step."""
+
+    steps: list[int] = field(default_factory=list)
+    alive: list[np.ndarray] = field(default_factory=list)
+    traj: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    layers: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    def add(
+        self, step: int, alive: Tensor, traj: dict[str, Tensor], layers: dict[str, Tensor]
+    ) -> None:
+        self.steps.append(step)
+        self.alive.append(alive.cpu().numpy())
+        for store, values in ((self.traj, traj), (self.layers, layers)):
+            for k, v in values.items():
+                store.setdefault(k, []).append(v.detach().to("cpu", torch.float64).numpy())
+
+
+class ChunkTrainer:
+    """Trains one :class:`~pipeline.grid.Chunk` as a vectorized ensemble.
+
+    ``device``: torch device for the whole chunk. Construction draws data and
+    initial weights (one loop over members, outside the training loop).
+    """
+
+    def __init__(self, chunk: Chunk, device: str | torch.device = "cpu") -> None:
+        self.chunk = chunk
+        self.configs = [p.config for p in chunk.points]
+        base = self.configs[0]
+        self.base = base
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, base.train.dtype)
+        E = len(self.configs)
+        self.E = E
+        self.batch: DataBatch = stack(
+            [make_dataset(c.data, data_seed(c.data, c.train.seed)) for c in self.configs],
+            self.dtype,
+            self.device,
+        )
+        vec = lambda values: torch.tensor(values, dtype=self.dtype, device=self.device)  # noqa: E731
+        self.net = EnsembleMLP(
+            base.model,
+            self.batch.input_dim,
+            self.batch.output_dim,
+            leaky_slope=vec([c.model.leaky_slope for c in self.configs]),
+        )
+        self.params0 = init_params(
+            self.net,
+            [c.model for c in self.configs],
+            [c.train.seed for c in self.configs],
+            self.dtype,
+            self.device,
+        )
+        self.lr = vec([member_lr(c) for c in self.configs])
+        self.sgd_seeds = torch.tensor(
+            [derive_seed(c.train.seed, "sgd") for c in self.configs], device=self.device
+        )
+
+    # -- learning-rate schedule --------------------------------------------------------
+    def _eta(self, k: int, params: Params) -> Tensor:
+        t = self.base.train
+        if t.lr_schedule == "constant":
+            return self.lr
+        if t.lr_schedule == "cosine":
+            frac = t.lr_min_frac + (1 - t.lr_min_frac) * 0.5 * (1 + math.cos(math.pi * k / t.steps))
+            return self.lr * frac
+        # norm-adaptive: η = min(η_max, c ‖θ‖^(2−L))
+        norm = params.sq_norm().sqrt()
+        return torch.minimum(self.lr, t.lr_c * norm.pow(2 - self.net.depth))
+
+    # -- minibatches ---------------------------------------------------------------------
+    def _minibatch(self, k: int) -> tuple[Tensor, Tensor]:
+        """Member-wise minibatch of step k (without replacement within an epoch; groups kept)."""
+        t, b = self.base.train, self.batch
+        g = b.group_size
+        n_groups = b.x_train.shape[1] // g
+        per_step = max(t.batch_size // g, 1)
+        steps_per_epoch = max(n_groups // per_step, 1)
+        epoch, pos = divmod(k, steps_per_epoch)
+        if pos == 0 or self._perm is None:
+            self._perm = permutations(self.sgd_seeds, epoch, n_groups)
+        groups = self._perm[:, pos * per_step : (pos + 1) * per_step]
+        idx = (groups.unsqueeze(-1) * g + torch.arange(g, device=self.device)).reshape(self.E, -1)
+        rows = torch.arange(self.E, device=self.device).unsqueeze(1)
+        return b.x_train[rows, idx], b.y_train[rows, idx]
+
+    # -- training ------------------------------------------------------------------------
+    def run(self) -> dict[str, pa.Table]:
+        """Train every member; returns the chunk's ``runs``, ``trajectories`` and ``layers`` tables."""
+        started = time.perf_counter()
+        t, b = self.base.train, self.batch
+        E = self.E
+        steps = t.steps
+        logged = set(log_steps(steps, t.log_points).tolist())
+        params = self.params0.clone()
+        recorder = MetricRecorder(self.net, self.params0, b, self.base.metrics)
+        sgd = t.optimizer == "sgd"
+        self._perm = None
+
+        time_now = torch.zeros(E, dtype=self.dtype, device=self.device)
+        alive = torch.ones(E, dtype=torch.bool, device=self.device)
+        fracs = torch.tensor(CROSSING_FRACTIONS, dtype=self.dtype, device=self.device)
+        crossing = torch.full((E, len(fracs)), math.nan, dtype=self.dtype, device=self.device)
+        final_step = torch.full((E,), steps, dtype=torch.int64, device=self.device)
+        loss0 = prev_loss = prev_time = None
+        log = _Log()
+
+        for k in range(steps + 1):
+            x, y = self._minibatch(k) if sgd else (b.x_train, b.y_train)
+            loss, grads, _ = loss_and_grads(self.net, params, x, y)
+            if loss0 is None:
+                loss0 = loss.clone()
+                prev_loss, prev_time = loss0, time_now.clone()
+            # events: first crossing of frac·L0, linearly interpolated in t
+            target = fracs * loss0.unsqueeze(1)
+            hit = (loss.unsqueeze(1) < target) & crossing.isnan() & alive.unsqueeze(1)
+            denom = (prev_loss - loss).unsqueeze(1)
+            w = ((prev_loss.unsqueeze(1) - target) / denom).clamp(0, 1).nan_to_num(1.0)
+            t_hit = prev_time.unsqueeze(1) + w * (time_now - prev_time).unsqueeze(1)
+            crossing = torch.where(hit, t_hit, crossing)
+            # divergence
+            bad = (~torch.isfinite(loss) | (loss > t.divergence_factor * loss0)) & alive
+            final_step = torch.where(bad, k, final_step)
+            alive = alive & ~bad
+
+            if k in logged:
+                self._log(log, k, params, grads, loss, time_now, alive, recorder)
+            if k == steps:
+                break
+            eta = self._eta(k, params) * alive
+            prev_loss, prev_time = loss, time_now.clone()
+            time_now = time_now + eta
+            for p, g in zip(params.tensors(), grads.tensors()):
+                p.sub_(g.mul_(eta.view(-1, *([1] * (g.dim() - 1)))))
+
+        wall = time.perf_counter() - started
+        final = {
+            "alive": alive.cpu().numpy(),
+            "final_step": final_step.cpu().numpy(),
+            "loss0": loss0.cpu().numpy().astype(np.float64),
+            "crossing": crossing.cpu().numpy().astype(np.float64),
+        }
+        return self._tables(log, final, wall)
+
+    def _log(
+        self,
+        log: _Log,
+        k: int,
+        params: Params,
+        grads: Params,
+        loss: Tensor,
+        time_now: Tensor,
+        alive: Tensor,
+        recorder: MetricRecorder,
+    ) -> None:
+        b = self.batch
+        if self.base.train.optimizer == "sgd":
+            out = self.net(params, b.x_train)
+            loss = mse_loss(out, b.y_train)
+            _, grads, _ = loss_and_grads(self.net, params, b.x_train, b.y_train)
+        test_loss = mse_loss(self.net(params, b.x_test), b.y_test)
+        traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
+        traj.update(recorder.trajectory(params, grads))
+        log.add(k, alive, traj, recorder.layers(params))
+        # dead members: zero their parameters so nothing non-finite lingers
+        if not bool(alive.all()):
+            keep = alive.to(self.dtype)
+            for p in params.tensors():
+                p.mul_(keep.view(-1, *([1] * (p.dim() - 1)))).nan_to_num_(0.0)
+
+    # -- tables ----------------------------------------------------------------------------
+    def _tables(self, log: _Log, final: dict[str, np.ndarray], wall: float) -> dict[str, pa.Table]:
+        E, depth = self.E, self.net.depth
+        n_log = len(log.steps)
+        steps = np.asarray(log.steps, dtype=np.int64)
+        alive = np.stack(log.alive, 1)  # (E, n_log)
+        run_ids = np.array([p.run_id for p in self.chunk.points], dtype=object)
+        rows = alive.reshape(-1)
+
+        traj_cols: dict[str, np.ndarray] = {
+            "run_id": np.repeat(run_ids, n_log)[rows],
+            "step": np.tile(steps, E)[rows],
+        }
+        for name, values in log.traj.items():
+            traj_cols[name] = np.stack(values, 1).reshape(-1)[rows]
+        trajectories = _table(TRAJECTORIES, traj_cols, int(rows.sum()))
+
+        layer_rows = np.repeat(rows, depth)
+        layer_cols: dict[str, np.ndarray] = {
+            "run_id": np.repeat(run_ids, n_log * depth)[layer_rows],
+            "step": np.tile(np.repeat(steps, depth), E)[layer_rows],
+            "layer": np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log)[layer_rows],
+        }
+        list_cols: dict[str, np.ndarray] = {}
+        for name, values in log.layers.items():
+            arr = np.stack(values, 1)  # (E, n_log, depth[, k])
+            if arr.ndim == 4:
+                list_cols[name] = arr.reshape(-1, arr.shape[-1])[layer_rows]
+            else:
+                layer_cols[name] = arr.reshape(-1)[layer_rows]
+        layers = _table(LAYERS, layer_cols, int(layer_rows.sum()), list_cols)
+
+        return {
+            "trajectories": trajectories,
+            "layers": layers,
+            "runs": self._runs(log, final, wall),
+        }
+
+    def _runs(self, log: _Log, final: dict[str, np.ndarray], wall: float) -> pa.Table:
+        E = self.E
+        alive_end = final["alive"]
+        last_train = np.stack(log.traj["train_loss"], 1)
+        last_test = np.stack(log.traj["test_loss"], 1)
+        last_time = np.stack(log.traj["time"], 1)
+        logged_alive = np.stack(log.alive, 1)
+        # index of the last logged step each member was alive at
+        last_idx = logged_alive.shape[1] - 1 - np.argmax(logged_alive[:, ::-1], axis=1)
+        pick = lambda a: a[np.arange(E), last_idx]  # noqa: E731
+        init_fro = [
+            np.sqrt(np.square(w.detach().cpu().numpy().reshape(E, -1)).sum(1))
+            for w in self.params0.weights
+        ]
+        device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        configs = self.configs
+        cols: dict[str, object] = {
+            "run_id": [p.run_id for p in self.chunk.points],
+            "chunk_id": [self.chunk.chunk_id] * E,
+            "status": np.where(alive_end, "completed", "diverged"),
+            "init_scale": [c.model.init_scale for c in configs],
+            "width": [c.model.width for c in configs],
+            "depth": [c.model.depth for c in configs],
+            "noise_sigma": [c.data.noise_sigma for c in configs],
+            "lr": [c.train.lr for c in configs],
+            "seed": [c.train.seed for c in configs],
+            "activation": [c.model.activation for c in configs],
+            "bias": [c.model.bias for c in configs],
+            "parameterization": [c.model.parameterization for c in configs],
+            "data_kind": [c.data.kind for c in configs],
+            "steps": [c.train.steps for c in configs],
+            "config": [c.model_dump_json() for c in configs],
+            "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
+            "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
+            "wall_seconds": np.full(E, wall / E),
+            "device": [device] * E,
+            "finished_at": [datetime.now(timezone.utc)] * E,
+            "input_dim": [self.batch.input_dim] * E,
+            "n_train": [c.data.n_train for c in configs],
+            "leaky_slope": [c.model.leaky_slope for c in configs],
+            "optimizer": [c.train.optimizer for c in configs],
+            "initial_train_loss": last_train[:, 0],
+            "final_step": final["final_step"],
+            "final_time": pick(last_time),
+            "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
+            "chunk_size": np.full(E, E),
+            "chunk_wall_seconds": np.full(E, wall),
+        }
+        for j, name in enumerate(CROSSING_COLUMNS):
+            cols[name] = final["crossing"][:, j]
+        return _table(RUNS, cols, E)
+
+
+def _table(
+    schema: pa.Schema,
+    columns: dict[str, object],
+    n_rows: int,
+    list_columns: dict[str, np.ndarray] | None = None,
+) -> pa.Table:
+    """A table of ``schema``: given columns (NaN → NULL for floats), the rest NULL."""
+    arrays = []
+    for f in schema:
+        if list_columns and f.name in list_columns:
+            m = list_columns[f.name]
+            flat = pa.array(m.reshape(-1), type=pa.float64(), from_pandas=True)
+            offsets = pa.array(np.arange(0, m.size + 1, m.shape[1], dtype=np.int32))
+            arrays.append(pa.ListArray.from_arrays(offsets, flat))
+        elif f.name in columns:
+            arrays.append(pa.array(columns[f.name], type=f.type, from_pandas=True))
+        else:
+            arrays.append(pa.nulls(n_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def train_chunk(chunk: Chunk, device: str | torch.device = "cpu") -> dict[str, pa.Table]:
+    """Train ``chunk`` as one ensemble and return its tables (see :class:`ChunkTrainer`)."""
+    return ChunkTrainer(chunk, device).run()
+
+
+def train_points(points: Sequence, device: str | torch.device = "cpu") -> dict[str, pa.Table]:
+    """Convenience: train arbitrary points of equal shape as one chunk (id ``adhoc``)."""
+    return train_chunk(Chunk("adhoc", tuple(points)), device)
