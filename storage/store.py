@@ -1,0 +1,301 @@
+"""The results store: hive-partitioned Parquet tables on a local disk or an object store.
+
+Layout under the store root::
+
+    {table}/sweep={name}/part-{chunk_id}-{attempt}.parquet  trajectories, layers, runs
+    {table}/sweep={name}/data.parquet                       summaries, plateaus, scaling_fits
+    manifest/sweep={name}/{chunk_id}-{attempt}.json         one per committed chunk attempt
+    specs/{name}.yaml                                       the sweep spec as launched
+
+Files never contain the ``sweep`` column: it comes from the directory name.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
+
+from storage import schema
+from storage.manifest import decode_entries, encode_entry, manifest_entry
+from storage.writer import parquet_bytes, put_atomic
+
+#: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
+DEFAULT_STORE = "./results"
+
+_SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
+_CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
+_TABLES = {**schema.CHUNK_TABLES, **schema.ANALYSIS_TABLES}
+
+
+def resolve_store_uri(uri: str | None) -> str:
+    """``uri`` if given, else ``$PHASESWEEP_STORE``, else ``./results``."""
+    return uri or os.environ.get("PHASESWEEP_STORE") or DEFAULT_STORE
+
+
+@dataclass(frozen=True)
+class Store:
+    """A store at ``uri``; open it with ``Store.open``.
+
+    Concurrency: any number of processes may call ``write_chunk`` for the same
+    sweep at once (every attempt writes files under its own fresh attempt id,
+    and directory creation tolerates races). What the store does not do is
+    arbitrate between two attempts that carry the same run: the caller drops
+    the runs in ``done_run_ids`` before training, and attempts of one chunk are
+    serialized by the scheduler. Should a duplicate slip through anyway (e.g. a
+    worker presumed dead that still commits), the catalog shows the earliest one.
+    ``write_analysis`` and ``write_spec`` replace a file: the last writer wins.
+
+    Attributes:
+        uri: canonical URI: an absolute local path, or ``s3://bucket/prefix``.
+        fs: fsspec file system holding the store.
+        root: path of the store root on ``fs`` (no protocol).
+    """
+
+    uri: str
+    fs: AbstractFileSystem
+    root: str
+
+    @classmethod
+    def open(cls, uri: str | None = None) -> Store:
+        """Open a store (creates nothing): a local path, ``file://PATH`` or ``s3://BUCKET/PREFIX``.
+
+        ``None`` resolves through ``resolve_store_uri``. For S3 the endpoint is
+        ``$PHASESWEEP_S3_ENDPOINT``, else ``$AWS_ENDPOINT_URL``, else AWS; the
+        credentials come from the usual AWS environment variables and files.
+        """
+        uri = resolve_store_uri(uri)
+        if uri.startswith("s3://"):
+            root = uri.removeprefix("s3://").strip("/")
+            if not root:
+                raise ValueError(f"store URI {uri!r} names no bucket")
+            endpoint = os.environ.get("PHASESWEEP_S3_ENDPOINT") or os.environ.get(
+                "AWS_ENDPOINT_URL"
+            )
+            import s3fs
+
+            # No listings cache: a reader must see chunks committed after it started.
+            fs = s3fs.S3FileSystem(
+                endpoint_url=endpoint, use_listings_cache=False, skip_instance_cache=True
+            )
+            return cls(f"s3://{root}", fs, root)
+        if "://" in uri and not uri.startswith("file://"):
+            raise ValueError(
+                f"unsupported store URI {uri!r}: use a local path, file://PATH or s3://BUCKET/PREFIX"
+            )
+        root = os.path.abspath(os.path.expanduser(uri.removeprefix("file://")))
+        return cls(root, LocalFileSystem(), root)
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def arrow_fs(self) -> pafs.FileSystem:
+        """The store's file system for ``pyarrow.dataset``."""
+        if self.is_local:
+            return pafs.LocalFileSystem()
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+
+    def url(self, path: str) -> str:
+        """Full URL of a path on ``fs`` (as DuckDB reads it)."""
+        return path if self.is_local else f"s3://{path}"
+
+    def table_dir(self, table: str) -> str:
+        """Path of a table's directory on ``fs`` (it may not exist)."""
+        if table not in _TABLES:
+            raise ValueError(f"unknown table {table!r}; known: {sorted(_TABLES)}")
+        return f"{self.root}/{table}"
+
+    def files(self, table: str, sweep: str | None = None) -> list[str]:
+        """Sorted paths (on ``fs``) of the table's Parquet files, of one sweep or of all."""
+        if sweep is not None:
+            _check_sweep(sweep)
+        return sorted(self.fs.glob(f"{self.table_dir(table)}/sweep={sweep or '*'}/*.parquet"))
+
+    def sweeps(self) -> list[str]:
+        """Sorted names of the sweeps with a spec or at least one committed chunk."""
+        names = {_sweep_of(p) for p in self.files("runs")}
+        names.update(posixpath.basename(p)[: -len(".yaml")] for p in self.fs.glob(self._spec("*")))
+        return sorted(names)
+
+    def done_run_ids(self, sweep: str) -> set[str]:
+        """run_ids that have a committed ``runs`` row in ``sweep`` (any status, diverged included).
+
+        Reads only the ``run_id`` column of the sweep's ``runs`` files.
+        """
+        paths = self.files("runs", sweep)
+        if not paths:
+            return set()
+        dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
+        return set(dataset.to_table(columns=["run_id"]).column("run_id").to_pylist())
+
+    def write_chunk(self, sweep: str, chunk_id: str, tables: dict[str, pa.Table]) -> None:
+        """Commit one attempt of a chunk: its ``trajectories``, ``layers`` and ``runs`` rows.
+
+        ``tables`` maps table names of ``schema.CHUNK_TABLES`` to Arrow tables with
+        the schema's columns in any order (compatible types are cast, e.g. int to
+        float64; anything else is a ``ValueError`` naming table and column).
+        ``runs`` is required and non-empty with distinct run_ids; ``trajectories``
+        and ``layers`` may be absent or empty, and may only hold runs of ``runs``.
+        The store sets ``attempt`` (a fresh id per call) in every table and
+        ``chunk_id`` in ``runs``, overwriting any values given.
+
+        All tables are validated before anything is written. Then every table goes
+        to its own file atomically, ``runs`` last: the ``runs`` file is the commit,
+        and rows of an attempt that dies before it stay invisible in the catalog.
+        A manifest entry follows the commit. See the class docstring on concurrency.
+        """
+        _check_sweep(sweep)
+        if not _CHUNK_ID.fullmatch(chunk_id):
+            raise ValueError(f"chunk_id {chunk_id!r} must match {_CHUNK_ID.pattern}")
+        unknown = set(tables) - set(schema.CHUNK_TABLES)
+        if unknown:
+            raise ValueError(
+                f"unknown chunk tables {sorted(unknown)}; known: {list(schema.CHUNK_TABLES)}"
+            )
+        if "runs" not in tables or tables["runs"].num_rows == 0:
+            raise ValueError("write_chunk needs a non-empty 'runs' table: it is the commit")
+        attempt = uuid.uuid4().hex[:12]
+        ready = {}
+        for name, table_schema in schema.CHUNK_TABLES.items():  # runs last
+            if name in tables:
+                fill = {"attempt": attempt, **({"chunk_id": chunk_id} if name == "runs" else {})}
+                ready[name] = _conform(name, tables[name], table_schema, fill)
+        run_ids = ready["runs"].column("run_id")
+        if pc.count_distinct(run_ids).as_py() != len(run_ids) or run_ids.null_count:
+            raise ValueError("runs: run_id must be non-null and distinct within a chunk")
+        for name in ("trajectories", "layers"):
+            if (
+                name in ready
+                and not pc.all(pc.is_in(ready[name].column("run_id"), run_ids), min_count=0).as_py()
+            ):
+                raise ValueError(f"{name}: holds run_ids that are not in the chunk's runs table")
+
+        files = []
+        for name, table in ready.items():
+            if table.num_rows == 0:
+                continue
+            path = f"{self.table_dir(name)}/sweep={sweep}/part-{chunk_id}-{attempt}.parquet"
+            data = parquet_bytes(table)
+            put_atomic(self.fs, path, data)
+            files.append(
+                {
+                    "table": name,
+                    "path": self._relative(path),
+                    "rows": table.num_rows,
+                    "bytes": len(data),
+                }
+            )
+        entry = manifest_entry(sweep, chunk_id, attempt, run_ids.to_pylist(), files)
+        put_atomic(
+            self.fs, f"{self._manifest_dir(sweep)}/{chunk_id}-{attempt}.json", encode_entry(entry)
+        )
+
+    def write_analysis(self, sweep: str, name: str, table: pa.Table) -> None:
+        """Replace the ``sweep`` partition of analysis table ``name`` with ``table``, atomically.
+
+        ``name`` is one of ``schema.ANALYSIS_TABLES``; ``table`` is validated and
+        cast like in ``write_chunk`` and may be empty. The partition is a single
+        file replaced in one step, so readers see the old rows or the new ones.
+        On object stores a reader that is in the middle of reading the old file
+        when it is replaced may fail and has to retry.
+        """
+        _check_sweep(sweep)
+        if name not in schema.ANALYSIS_TABLES:
+            raise ValueError(
+                f"unknown analysis table {name!r}; known: {list(schema.ANALYSIS_TABLES)}"
+            )
+        table = _conform(name, table, schema.ANALYSIS_TABLES[name], {})
+        put_atomic(
+            self.fs, f"{self.table_dir(name)}/sweep={sweep}/data.parquet", parquet_bytes(table)
+        )
+
+    def write_spec(self, sweep: str, text: str) -> None:
+        """Store the sweep's YAML spec as launched (UTF-8), replacing an earlier one."""
+        _check_sweep(sweep)
+        put_atomic(self.fs, self._spec(sweep), text.encode())
+
+    def read_spec(self, sweep: str) -> str | None:
+        """The spec stored by ``write_spec``, or ``None``."""
+        _check_sweep(sweep)
+        try:
+            return self.fs.cat_file(self._spec(sweep)).decode()
+        except FileNotFoundError:
+            return None
+
+    def manifest(self, sweep: str | None = None) -> list[dict]:
+        """Manifest entries of one sweep (or of all), oldest first.
+
+        One entry per committed chunk attempt: ``sweep, chunk_id, attempt,
+        finished_at`` (ISO 8601, UTC), ``n_runs, run_ids`` and ``files`` (each
+        ``table``, ``path`` relative to the store root, ``rows``, ``bytes``).
+        """
+        if sweep is not None:
+            _check_sweep(sweep)
+        paths = self.fs.glob(f"{self._manifest_dir(sweep or '*')}/*.json")
+        if not paths:
+            return []
+        blobs = self.fs.cat(paths)
+        return decode_entries([blobs[p] for p in paths])
+
+    def _manifest_dir(self, sweep: str) -> str:
+        return f"{self.root}/manifest/sweep={sweep}"
+
+    def _spec(self, sweep: str) -> str:
+        return f"{self.root}/specs/{sweep}.yaml"
+
+    def _relative(self, path: str) -> str:
+        return posixpath.relpath(path, self.root) if self.is_local else path[len(self.root) + 1 :]
+
+
+def as_store(store_or_uri: Store | str | None) -> Store:
+    """``store_or_uri`` itself if it is a ``Store``, else ``Store.open(store_or_uri)``."""
+    return store_or_uri if isinstance(store_or_uri, Store) else Store.open(store_or_uri)
+
+
+def _check_sweep(sweep: str) -> None:
+    if not _SWEEP_NAME.fullmatch(sweep):
+        raise ValueError(f"sweep name {sweep!r} must match {_SWEEP_NAME.pattern}")
+
+
+def _sweep_of(path: str) -> str:
+    """Sweep name of a partition file path ``.../sweep=NAME/file``."""
+    return posixpath.basename(posixpath.dirname(path)).removeprefix("sweep=")
+
+
+def _conform(name: str, table: pa.Table, target: pa.Schema, fill: dict[str, str]) -> pa.Table:
+    """``table`` with constant columns ``fill`` set, reordered and cast to ``target``."""
+    for column, value in fill.items():
+        values = pa.repeat(pa.scalar(value, target.field(column).type), table.num_rows)
+        if column in table.column_names:
+            table = table.set_column(table.column_names.index(column), column, values)
+        else:
+            table = table.append_column(column, values)
+    given = set(table.column_names)
+    unknown = sorted(given - set(target.names))
+    missing = [c for c in target.names if c not in given]
+    if unknown or missing:
+        hint = (
+            " (drop 'sweep': it comes from the partition directory)" if "sweep" in unknown else ""
+        )
+        raise ValueError(f"{name}: unknown columns {unknown}, missing columns {missing}{hint}")
+    columns = []
+    for field in target:
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise ValueError(
+                f"{name}.{field.name}: cannot store {table.schema.field(field.name).type} "
+                f"as {field.type}: {e}"
+            ) from e
+    return pa.Table.from_arrays(columns, schema=target)
