@@ -1,0 +1,18 @@
+"""The results store: Parquet tables, atomic chunk commits, DuckDB catalog, read-only queries.
+
+See DESIGN.md ("The data path", "Store tables") and ``storage.schema``.
+"""
+
+from storage import schema
+from storage.catalog import open_catalog
+from storage.query import ReadOnlyQueryError, run_query
+from storage.store import Store, resolve_store_uri
+
+__all__ = [
+    "ReadOnlyQueryError",
+    "Store",
+    "open_catalog",
+    "resolve_store_uri",
+    "run_query",
+    "schema",
+]
