@@ -1,0 +1,99 @@
+"""Shared fixtures. Storage fixtures are prefixed ``store_``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from storage import schema
+
+_STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
+
+
+def _store_column(field: pa.Field, n: int, rng: np.random.Generator) -> pa.Array:
+    t = field.type
+    if pa.types.is_floating(t):
+        values = rng.standard_normal(n)
+        return pa.array(values, t, mask=np.arange(n) % 4 == 3)  # some NULLs
+    if pa.types.is_integer(t):
+        return pa.array(rng.integers(1, 1000, n), t)
+    if pa.types.is_boolean(t):
+        return pa.array(rng.random(n) < 0.5)
+    if pa.types.is_string(t):
+        return pa.array([f"{field.name}-{i}" for i in range(n)], t)
+    if pa.types.is_list(t):
+        return pa.array([list(rng.standard_normal(3)) for _ in range(n)], t)
+    if pa.types.is_timestamp(t):
+        start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        return pa.array([start + timedelta(seconds=int(s)) for s in rng.integers(0, 10**6, n)], t)
+    raise TypeError(f"no test values for {field}")
+
+
+def _store_table(target: pa.Schema, n: int, rng: np.random.Generator, **given) -> pa.Table:
+    return pa.table(
+        {
+            f.name: given[f.name] if f.name in given else _store_column(f, n, rng)
+            for f in target
+            if f.name not in _STORE_FILLED
+        }
+    )
+
+
+@pytest.fixture
+def store_make_table() -> Callable[..., pa.Table]:
+    """Factory: ``make(target_schema, n, seed=0, **columns)`` -> a table of random values.
+
+    Columns given as keyword arguments (Arrow arrays or lists) are used as they are.
+    """
+
+    def make(target: pa.Schema, n: int, seed: int = 0, **given) -> pa.Table:
+        return _store_table(target, n, np.random.default_rng(seed), **given)
+
+    return make
+
+
+@pytest.fixture
+def store_make_chunk() -> Callable[..., dict[str, pa.Table]]:
+    """Factory: ``make(run_ids, steps=3, depth=2, seed=0)`` -> tables for ``Store.write_chunk``.
+
+    Random float64 values (every 4th NULL), all schema columns except the ones the
+    store fills (``attempt``, ``chunk_id``); ``steps`` logged steps per run and
+    ``depth`` layers per step. ``finished_at`` can be fixed with ``finished_at=``.
+    """
+
+    def make(
+        run_ids: list[str],
+        steps: int = 3,
+        depth: int = 2,
+        seed: int = 0,
+        finished_at: datetime | None = None,
+    ) -> dict[str, pa.Table]:
+        rng = np.random.default_rng(seed)
+        n = len(run_ids)
+        runs_given = {"run_id": pa.array(run_ids), "status": pa.array(["completed"] * n)}
+        if finished_at is not None:
+            runs_given["finished_at"] = pa.array([finished_at] * n, pa.timestamp("us", tz="UTC"))
+        return {
+            "trajectories": _store_table(
+                schema.TRAJECTORIES,
+                n * steps,
+                rng,
+                run_id=pa.array(np.repeat(run_ids, steps)),
+                step=pa.array(np.tile(np.arange(steps), n)),
+            ),
+            "layers": _store_table(
+                schema.LAYERS,
+                n * steps * depth,
+                rng,
+                run_id=pa.array(np.repeat(run_ids, steps * depth)),
+                step=pa.array(np.tile(np.repeat(np.arange(steps), depth), n)),
+                layer=pa.array(np.tile(np.arange(1, depth + 1), n * steps), pa.int32()),
+            ),
+            "runs": _store_table(schema.RUNS, n, rng, **runs_given),
+        }
+
+    return make

@@ -1,0 +1,205 @@
+"""Catalog views over empty and partial stores, and the read-only guard of run_query."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from storage import ReadOnlyQueryError, Store, open_catalog, run_query, schema
+from storage.writer import parquet_bytes, put_atomic
+
+VIEWS = {
+    "runs": schema.RUNS,
+    "trajectories": schema.TRAJECTORIES,
+    "layers": schema.LAYERS,
+    **schema.ANALYSIS_TABLES,
+}
+
+
+def _columns(con, view: str) -> list[str]:
+    return [r[0] for r in con.sql(f"DESCRIBE {view}").fetchall()]
+
+
+def _count(con, view: str) -> int:
+    ((n,),) = con.sql(f"SELECT count(*) FROM {view}").fetchall()
+    return n
+
+
+def _fingerprint(root) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too) -> sha256 of its bytes."""
+    return {
+        os.path.relpath(os.path.join(d, f), root): hashlib.sha256(
+            open(os.path.join(d, f), "rb").read()
+        ).hexdigest()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
+@pytest.mark.parametrize("make_dir", [False, True], ids=["missing-dir", "empty-dir"])
+def test_empty_store_has_typed_views(tmp_path, make_dir):
+    root = tmp_path / "store"
+    if make_dir:
+        root.mkdir()
+    con = open_catalog(str(root))
+    for view, table_schema in VIEWS.items():
+        assert _columns(con, view) == ["sweep", *table_schema.names]
+        assert _count(con, view) == 0
+    assert _count(con, "manifest") == 0
+    table = run_query(str(root), "SELECT * FROM trajectories")
+    assert table.num_rows == 0 and table.column_names == ["sweep", *schema.TRAJECTORIES.names]
+    assert table.schema.field("train_loss").type == pa.float64()
+    assert os.path.exists(root) == make_dir  # reading created nothing
+
+
+def test_store_with_runs_only(tmp_path, store_make_chunk):
+    """A chunk whose runs all failed early has no trajectories or layers files."""
+    store = Store.open(str(tmp_path))
+    tables = store_make_chunk(["r1", "r2"])
+    store.write_chunk("s", "c0", {"runs": tables["runs"]})
+    assert store.files("trajectories") == [] and store.files("layers") == []
+    con = open_catalog(store)
+    assert (_count(con, "runs"), _count(con, "trajectories"), _count(con, "layers")) == (2, 0, 0)
+    assert _columns(con, "layers") == ["sweep", *schema.LAYERS.names]
+
+
+def test_views_fill_columns_that_older_files_lack(tmp_path, store_make_chunk):
+    """Schema additions stay readable over old files: the missing column reads as NULL."""
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+    (path,) = store.files("trajectories")
+    old = pq.read_table(path).drop_columns(["grad_norm"])
+    put_atomic(store.fs, path, parquet_bytes(old))
+    con = open_catalog(store)
+    got = con.sql("SELECT count(*), count(grad_norm), count(train_loss) FROM trajectories")
+    assert got.fetchall() == [(3, 0, 3)]
+    table = run_query(store, "SELECT grad_norm FROM trajectories")
+    assert table.column("grad_norm").null_count == 3
+    assert table.schema.field("grad_norm").type == pa.float64()
+
+
+def test_run_query_matches_open_catalog(tmp_path, store_make_chunk):
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"], steps=5))
+    store.write_chunk("u", "c0", store_make_chunk(["r3"], seed=3))
+    sql = (
+        "SELECT r.sweep, r.run_id, r.init_scale, avg(t.train_loss) AS mean_loss, count(*) AS n "
+        "FROM runs r JOIN trajectories t USING (sweep, run_id) GROUP BY ALL ORDER BY run_id"
+    )
+    table = run_query(store, sql)
+    assert isinstance(table, pa.Table)
+    assert table.column_names == ["sweep", "run_id", "init_scale", "mean_loss", "n"]
+    assert table.to_pylist() == open_catalog(store).sql(sql).to_arrow_table().to_pylist()
+    assert table.column("n").to_pylist() == [5, 5, 3]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "WITH x AS (SELECT run_id FROM runs) SELECT count(*) FROM x",
+        "FROM runs SELECT count(*)",
+        "DESCRIBE runs",
+        "SHOW TABLES",
+        "SUMMARIZE trajectories",
+        "EXPLAIN SELECT * FROM layers WHERE step > 1",
+        "VALUES (1, 2)",
+        "SELECT 1;",
+    ],
+)
+def test_run_query_accepts_reads(tmp_path, store_make_chunk, sql):
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
+    assert run_query(store, sql).num_rows > 0
+
+
+def test_run_query_guard(tmp_path, store_make_chunk):
+    """No statement can change, remove or add a file of the store."""
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
+    store.write_spec("s", "name: s\n")
+    before = _fingerprint(tmp_path)
+    runs_file = store.files("runs")[0]
+    attacks = {
+        "COPY (SELECT 1 AS x) TO '{root}/runs/sweep=s/evil.parquet' (FORMAT parquet)": "COPY",
+        "COPY runs TO '{runs_file}' (FORMAT parquet)": "COPY",
+        "DELETE FROM runs": "DELETE",
+        "UPDATE runs SET status = 'failed'": "UPDATE",
+        "INSERT INTO runs SELECT * FROM runs": "INSERT",
+        "DROP VIEW runs": "DROP",
+        "CREATE TABLE t AS SELECT * FROM runs": "CREATE",
+        "CREATE OR REPLACE VIEW runs AS SELECT 1": "CREATE",
+        "ATTACH '{root}/evil.duckdb' AS evil": "ATTACH",
+        "ATTACH '{runs_file}' AS evil": "ATTACH",
+        "INSTALL httpfs": "LOAD",
+        "LOAD httpfs": "LOAD",
+        "SET enable_external_access = true": "SET",
+        "RESET lock_configuration": "SET",
+        "PRAGMA enable_profiling": "PRAGMA",
+        "CALL pragma_version()": "CALL",
+        "EXPORT DATABASE '{root}/dump'": "EXPORT",
+        "CHECKPOINT": "CALL",
+        "SELECT 1; DELETE FROM runs": "DELETE",
+        "SELECT 1; SELECT 2": "exactly one",
+        "EXPLAIN ANALYZE COPY (SELECT 1) TO '{root}/x.csv'": "ANALYZE",
+        "EXPLAIN (ANALYZE) CREATE TABLE t AS SELECT 1": "ANALYZE",
+        "SELECT * FROM read_parquet('{runs_file}')": "access",
+        "SELECT * FROM read_text('/etc/hostname')": "access",
+        "SELECT * FROM glob('{root}/*')": "access",
+        "": "exactly one",
+    }
+    for template, message in attacks.items():
+        sql = template.format(root=tmp_path, runs_file=runs_file)
+        with pytest.raises(ReadOnlyQueryError, match=message):
+            run_query(store, sql)
+    assert _fingerprint(tmp_path) == before
+
+
+def test_run_query_cannot_reach_python_variables(tmp_path):
+    secret = pa.table({"password": ["hunter2"]})  # noqa: F841  (a replacement-scan target)
+    with pytest.raises(duckdb.CatalogException):
+        run_query(str(tmp_path), "SELECT * FROM secret")
+
+
+def test_run_query_reports_sql_errors(tmp_path):
+    with pytest.raises(duckdb.ParserException):
+        run_query(str(tmp_path), "SELEC 1")
+    with pytest.raises(duckdb.BinderException):
+        run_query(str(tmp_path), "SELECT no_such_column FROM runs")
+
+
+def test_query_connection_is_hardened_without_the_statement_check(
+    tmp_path, store_make_chunk, monkeypatch
+):
+    """Defence in depth: with the statement check bypassed, DuckDB itself refuses."""
+    import storage.query
+
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+    before = _fingerprint(tmp_path)
+    runs_file = store.files("runs")[0]
+    monkeypatch.setattr(storage.query, "_read_only_statement", lambda sql: sql)
+    attacks = [
+        f"COPY (SELECT 1 AS x) TO '{tmp_path}/runs/sweep=s/evil.parquet' (FORMAT parquet)",
+        f"COPY runs TO '{runs_file}' (FORMAT parquet)",
+        f"ATTACH '{tmp_path}/evil.duckdb' AS evil",
+        f"EXPORT DATABASE '{tmp_path}/dump'",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "SET lock_configuration = false",
+        "SET python_enable_replacements = true",
+        "DELETE FROM runs",
+    ]
+    for sql in attacks:
+        with pytest.raises((ReadOnlyQueryError, duckdb.Error), match="ermission|locked|base table"):
+            run_query(store, sql)
+    # DDL only changes the throwaway in-memory connection.
+    run_query(store, "DROP VIEW _raw_runs")
+    run_query(store, "CREATE TABLE t AS SELECT * FROM trajectories")
+    assert _fingerprint(tmp_path) == before
+    assert run_query(store, "SELECT count(*) AS n FROM runs").column("n").to_pylist() == [1]

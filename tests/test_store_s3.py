@@ -1,0 +1,102 @@
+"""The store on S3, against a moto server on the loopback interface."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+import storage.store
+from storage import Store, open_catalog, run_query
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """Endpoint URL of a moto S3 server on 127.0.0.1 (a free port), stopped afterwards."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_server, monkeypatch, request) -> Store:
+    """An empty store at ``s3://<fresh bucket>/results`` on the moto server."""
+    monkeypatch.setenv("PHASESWEEP_S3_ENDPOINT", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    bucket = request.node.name.replace("_", "-").lower()[:60]
+    store = Store.open(f"s3://{bucket}/results/")
+    store.fs.mkdir(bucket)
+    return store
+
+
+def test_s3_round_trip(s3_store, store_make_chunk):
+    assert s3_store.uri.startswith("s3://") and s3_store.uri.endswith("/results")
+    assert s3_store.sweeps() == [] and s3_store.done_run_ids("s") == set()
+    con = open_catalog(s3_store)
+    assert con.sql("SELECT count(*) FROM trajectories").fetchall() == [(0,)]
+
+    tables = store_make_chunk(["r1", "r2"], steps=4)
+    s3_store.write_chunk("s", "c0", tables)
+    s3_store.write_chunk("other", "c0", store_make_chunk(["x1"], seed=1))
+    s3_store.write_spec("s", "name: s\n")
+    assert s3_store.done_run_ids("s") == {"r1", "r2"}
+    assert s3_store.sweeps() == ["other", "s"]
+    assert s3_store.read_spec("s") == "name: s\n"
+    (entry,) = s3_store.manifest("s")
+    assert entry["run_ids"] == ["r1", "r2"]
+    assert [f["path"].split("/")[0] for f in entry["files"]] == ["trajectories", "layers", "runs"]
+
+    con = open_catalog(s3_store)  # DuckDB reads s3:// through the registered s3fs
+    got = con.sql("SELECT sweep, run_id, step, train_loss FROM trajectories ORDER BY ALL")
+    rows = [r for r in got.fetchall() if r[0] == "s"]
+    assert [r[1:3] for r in rows] == [(r, s) for r in ("r1", "r2") for s in range(4)]
+    assert [r[3] for r in rows] == tables["trajectories"].column("train_loss").to_pylist()
+    assert con.sql("SELECT sweep, count(*) FROM layers GROUP BY ALL ORDER BY 1").fetchall() == [
+        ("other", 6),
+        ("s", 16),
+    ]
+
+    table = run_query(s3_store.uri, "SELECT sweep, count(*) AS n FROM runs GROUP BY ALL ORDER BY 1")
+    assert table.to_pylist() == [{"sweep": "other", "n": 1}, {"sweep": "s", "n": 2}]
+
+
+def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeypatch):
+    real_put = storage.store.put_atomic
+
+    def put_until_runs(fs, path, data):
+        if "/runs/" in path:
+            raise ConnectionError("worker lost")
+        real_put(fs, path, data)
+
+    tables = store_make_chunk(["r1"], steps=3)
+    monkeypatch.setattr(storage.store, "put_atomic", put_until_runs)
+    with pytest.raises(ConnectionError):
+        s3_store.write_chunk("s", "c0", tables)
+    monkeypatch.undo()
+    assert len(s3_store.files("trajectories", "s")) == 1
+    assert s3_store.done_run_ids("s") == set()
+    s3_store.write_chunk("s", "c0", tables)
+    con = open_catalog(s3_store)
+    assert con.sql("SELECT count(*) FROM trajectories").fetchall() == [(3,)]
+    table = run_query(s3_store, "SELECT count(*) AS n FROM trajectories")
+    assert table.column("n").to_pylist() == [3]
+
+
+def test_s3_write_analysis_replaces(s3_store, store_make_table):
+    from storage import schema
+
+    first = store_make_table(schema.PLATEAUS, 3, run_id=["a", "a", "b"])
+    second = store_make_table(schema.PLATEAUS, 1, seed=1, run_id=["c"])
+    s3_store.write_analysis("s", "plateaus", first)
+    s3_store.write_analysis("s", "plateaus", second)
+    assert run_query(s3_store, "SELECT run_id FROM plateaus").to_pylist() == [{"run_id": "c"}]
+    assert len(s3_store.files("plateaus")) == 1
