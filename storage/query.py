@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import duckdb
-import pyarrow as pa
 
 from storage.catalog import create_views
 from storage.store import Store, as_store
@@ -23,8 +22,12 @@ class ReadOnlyQueryError(ValueError):
     """The SQL given to ``run_query`` is not a single read-only statement."""
 
 
-def run_query(store_or_uri: Store | str | None, sql: str) -> pa.Table:
-    """Run one read-only SQL statement over the catalog views; the result as an Arrow table.
+def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run one read-only SQL statement over the catalog views: ``(column_names, rows)``.
+
+    ``rows`` is a list of tuples of Python values (``None`` for NULL, ``float``,
+    ``int``, ``str``, lists, tz-aware ``datetime``), converted through Arrow (DuckDB's own ``fetchall``
+    needs pytz for ``TIMESTAMP WITH TIME ZONE`` columns such as ``finished_at``).
 
     Accepted: a single SELECT-like statement (``SELECT``, ``WITH``, ``FROM``,
     ``VALUES``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``) or ``EXPLAIN`` of one
@@ -44,11 +47,12 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> pa.Table:
     con = duckdb.connect(config=_LOCKED)
     try:
         create_views(con, store, via_arrow=True)
-        return con.sql(statement).to_arrow_table()
+        table = con.sql(statement).to_arrow_table()
     except duckdb.PermissionException as e:
         raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
     finally:
         con.close()
+    return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
 
 
 def _read_only_statement(sql: str) -> str:

@@ -51,9 +51,12 @@ def test_empty_store_has_typed_views(tmp_path, make_dir):
         assert _columns(con, view) == ["sweep", *table_schema.names]
         assert _count(con, view) == 0
     assert _count(con, "manifest") == 0
-    table = run_query(str(root), "SELECT * FROM trajectories")
-    assert table.num_rows == 0 and table.column_names == ["sweep", *schema.TRAJECTORIES.names]
-    assert table.schema.field("train_loss").type == pa.float64()
+    assert run_query(str(root), "SELECT * FROM trajectories") == (
+        ["sweep", *schema.TRAJECTORIES.names],
+        [],
+    )
+    names, rows = run_query(str(root), "SELECT column_type FROM (DESCRIBE trajectories)")
+    assert rows[schema.TRAJECTORIES.names.index("train_loss") + 1] == ("DOUBLE",)
     assert os.path.exists(root) == make_dir  # reading created nothing
 
 
@@ -78,9 +81,9 @@ def test_views_fill_columns_that_older_files_lack(tmp_path, store_make_chunk):
     con = open_catalog(store)
     got = con.sql("SELECT count(*), count(grad_norm), count(train_loss) FROM trajectories")
     assert got.fetchall() == [(3, 0, 3)]
-    table = run_query(store, "SELECT grad_norm FROM trajectories")
-    assert table.column("grad_norm").null_count == 3
-    assert table.schema.field("grad_norm").type == pa.float64()
+    assert run_query(store, "SELECT grad_norm FROM trajectories") == (["grad_norm"], [(None,)] * 3)
+    _, types = run_query(store, "SELECT column_type FROM (DESCRIBE trajectories)")
+    assert types[schema.TRAJECTORIES.names.index("grad_norm") + 1] == ("DOUBLE",)
 
 
 def test_run_query_matches_open_catalog(tmp_path, store_make_chunk):
@@ -91,11 +94,14 @@ def test_run_query_matches_open_catalog(tmp_path, store_make_chunk):
         "SELECT r.sweep, r.run_id, r.init_scale, avg(t.train_loss) AS mean_loss, count(*) AS n "
         "FROM runs r JOIN trajectories t USING (sweep, run_id) GROUP BY ALL ORDER BY run_id"
     )
-    table = run_query(store, sql)
-    assert isinstance(table, pa.Table)
-    assert table.column_names == ["sweep", "run_id", "init_scale", "mean_loss", "n"]
-    assert table.to_pylist() == open_catalog(store).sql(sql).to_arrow_table().to_pylist()
-    assert table.column("n").to_pylist() == [5, 5, 3]
+    names, rows = run_query(store, sql)
+    assert names == ["sweep", "run_id", "init_scale", "mean_loss", "n"]
+    assert rows == open_catalog(store).sql(sql).fetchall()
+    assert [r[4] for r in rows] == [5, 5, 3]
+    assert all(isinstance(r[3], float) for r in rows)
+    # TIMESTAMP WITH TIME ZONE comes back as an aware datetime (no pytz needed).
+    _, ((finished_at,),) = run_query(store, "SELECT max(finished_at) FROM runs")
+    assert finished_at.utcoffset().total_seconds() == 0
 
 
 @pytest.mark.parametrize(
@@ -114,7 +120,8 @@ def test_run_query_matches_open_catalog(tmp_path, store_make_chunk):
 def test_run_query_accepts_reads(tmp_path, store_make_chunk, sql):
     store = Store.open(str(tmp_path))
     store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
-    assert run_query(store, sql).num_rows > 0
+    names, rows = run_query(store, sql)
+    assert names and rows
 
 
 def test_run_query_guard(tmp_path, store_make_chunk):
@@ -202,4 +209,4 @@ def test_query_connection_is_hardened_without_the_statement_check(
     run_query(store, "DROP VIEW _raw_runs")
     run_query(store, "CREATE TABLE t AS SELECT * FROM trajectories")
     assert _fingerprint(tmp_path) == before
-    assert run_query(store, "SELECT count(*) AS n FROM runs").column("n").to_pylist() == [1]
+    assert run_query(store, "SELECT count(*) AS n FROM runs") == (["n"], [(1,)])

@@ -65,8 +65,8 @@ def test_s3_round_trip(s3_store, store_make_chunk):
         ("s", 16),
     ]
 
-    table = run_query(s3_store.uri, "SELECT sweep, count(*) AS n FROM runs GROUP BY ALL ORDER BY 1")
-    assert table.to_pylist() == [{"sweep": "other", "n": 1}, {"sweep": "s", "n": 2}]
+    got = run_query(s3_store.uri, "SELECT sweep, count(*) AS n FROM runs GROUP BY ALL ORDER BY 1")
+    assert got == (["sweep", "n"], [("other", 1), ("s", 2)])
 
 
 def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeypatch):
@@ -87,8 +87,7 @@ def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeyp
     s3_store.write_chunk("s", "c0", tables)
     con = open_catalog(s3_store)
     assert con.sql("SELECT count(*) FROM trajectories").fetchall() == [(3,)]
-    table = run_query(s3_store, "SELECT count(*) AS n FROM trajectories")
-    assert table.column("n").to_pylist() == [3]
+    assert run_query(s3_store, "SELECT count(*) AS n FROM trajectories") == (["n"], [(3,)])
 
 
 def test_s3_write_analysis_replaces(s3_store, store_make_table):
@@ -98,5 +97,5 @@ def test_s3_write_analysis_replaces(s3_store, store_make_table):
     second = store_make_table(schema.PLATEAUS, 1, seed=1, run_id=["c"])
     s3_store.write_analysis("s", "plateaus", first)
     s3_store.write_analysis("s", "plateaus", second)
-    assert run_query(s3_store, "SELECT run_id FROM plateaus").to_pylist() == [{"run_id": "c"}]
+    assert run_query(s3_store, "SELECT run_id FROM plateaus") == (["run_id"], [("c",)])
     assert len(s3_store.files("plateaus")) == 1
