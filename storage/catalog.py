@@ -5,8 +5,10 @@ Views: ``runs``, ``trajectories``, ``layers`` (chunk tables), ``summaries``,
 ``sweep`` column first, then (at least) the columns of ``storage.schema``;
 columns that older files lack are NULL. ``attempt`` stays visible for debugging.
 
-- ``runs`` holds committed runs. If a run_id was committed twice (which the
-  writers avoid, see ``Store``), only the earliest ``finished_at`` is shown.
+- ``runs`` holds one committed row per run. A run_id with several rows (a
+  'failed' run trained again on relaunch, or a duplicate commit, which the
+  writers avoid, see ``Store``) shows its earliest row that is not 'failed',
+  else its earliest row.
 - ``trajectories`` and ``layers`` hold only rows whose ``(sweep, run_id,
   attempt)`` is in ``runs``: rows of an attempt that died before its commit, or
   of a duplicate commit, are never seen.
@@ -37,7 +39,10 @@ _SWEEP = pa.field("sweep", pa.string())
 _VIEWS = """
 CREATE VIEW runs AS
 SELECT sweep, * EXCLUDE (sweep) FROM _raw_runs
-QUALIFY row_number() OVER (PARTITION BY sweep, run_id ORDER BY finished_at NULLS LAST, attempt) = 1;
+QUALIFY row_number() OVER (
+    PARTITION BY sweep, run_id
+    ORDER BY status IS NOT DISTINCT FROM 'failed', finished_at NULLS LAST, attempt
+) = 1;
 CREATE VIEW trajectories AS
 SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw_trajectories AS t
 SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt;

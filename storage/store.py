@@ -53,6 +53,8 @@ class Store:
     the runs in ``done_run_ids`` before training, and attempts of one chunk are
     serialized by the scheduler. Should a duplicate slip through anyway (e.g. a
     worker presumed dead that still commits), the catalog shows the earliest one.
+    A run whose rows are all 'failed' is not done: a relaunch commits it again,
+    and the catalog prefers that row (see ``done_run_ids``).
     ``write_analysis`` and ``write_spec`` replace a file: the last writer wins.
 
     Attributes:
@@ -129,15 +131,20 @@ class Store:
         return sorted(names)
 
     def done_run_ids(self, sweep: str) -> set[str]:
-        """run_ids that have a committed ``runs`` row in ``sweep`` (any status, diverged included).
+        """run_ids of ``sweep`` with a committed ``runs`` row whose status is not 'failed'.
 
-        Reads only the ``run_id`` column of the sweep's ``runs`` files.
+        Completed and diverged runs are done; a run that only has 'failed' rows
+        (its trial failed after all retries) is trained again on relaunch, and
+        the catalog then shows the new row instead of the failed one. Reads only
+        the ``run_id`` and ``status`` columns of the sweep's ``runs`` files.
         """
         paths = self.files("runs", sweep)
         if not paths:
             return set()
         dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
-        return set(dataset.to_table(columns=["run_id"]).column("run_id").to_pylist())
+        status = ds.field("status")
+        done = dataset.to_table(columns=["run_id"], filter=status.is_null() | (status != "failed"))
+        return set(done.column("run_id").to_pylist())
 
     def write_chunk(self, sweep: str, chunk_id: str, tables: dict[str, pa.Table]) -> None:
         """Commit one attempt of a chunk: its ``trajectories``, ``layers`` and ``runs`` rows.

@@ -319,6 +319,36 @@ def test_duplicate_commit_shows_earliest_attempt(tmp_path, store_make_chunk):
     assert [r[0] for r in got.fetchall()] == first["trajectories"].column("train_loss").to_pylist()
 
 
+def test_failed_run_is_not_done_and_a_later_success_wins(tmp_path, store_make_chunk):
+    store = Store.open(str(tmp_path))
+    early = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    failed = store_make_chunk(["r1", "r2"], finished_at=early)["runs"]
+    failed = failed.set_column(
+        failed.column_names.index("status"), "status", pa.array(["failed"] * 2)
+    )
+    store.write_chunk("s", "c0", {"runs": failed})
+    store.write_chunk("s", "c1", store_make_chunk(["r3"]))
+    assert store.done_run_ids("s") == {"r3"}
+    con = open_catalog(store)
+    assert con.sql("SELECT run_id, status FROM runs ORDER BY run_id").fetchall() == [
+        ("r1", "failed"),
+        ("r2", "failed"),
+        ("r3", "completed"),
+    ]
+
+    retry = store_make_chunk(["r1"], seed=5)  # the relaunch completes it
+    store.write_chunk("s", "c0", retry)
+    assert store.done_run_ids("s") == {"r1", "r3"}
+    con = open_catalog(store)
+    assert con.sql("SELECT run_id, status FROM runs ORDER BY run_id").fetchall() == [
+        ("r1", "completed"),
+        ("r2", "failed"),
+        ("r3", "completed"),
+    ]
+    got = con.sql("SELECT train_loss FROM trajectories WHERE run_id = 'r1' ORDER BY step")
+    assert [r[0] for r in got.fetchall()] == retry["trajectories"].column("train_loss").to_pylist()
+
+
 def test_write_analysis_replaces_partition(tmp_path, store_make_table):
     store = Store.open(str(tmp_path))
     old = store_make_table(schema.SUMMARIES, 2, run_id=["r1", "r2"], regime=["lazy", "rich"])
