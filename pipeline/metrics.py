@@ -4,7 +4,54 @@
 the data; at each logged step the trainer calls :meth:`~MetricRecorder.trajectory`
 and :meth:`~MetricRecorder.layers`. Each returns tensors with the ensemble axis
 first; the keys are column names of ``storage.schema.TRAJECTORIES`` and
-``LAYERS``. A column a recorder does not return is stored as NULL.
+``LAYERS``. A column a recorder does not return is stored as NULL, and so is a
+NaN: every metric that does not apply to a member is NaN, never a made-up number.
+
+Probe set: the first ``metrics.probe_size`` test inputs of each member (all of
+them if there are fewer), the same at every step and for every run with the
+same data seed. Definitions (per member; norms over the probe inputs and outputs):
+
+trajectories
+    ``param_rel_change``  ‖θ(t) − θ(0)‖ / ‖θ(0)‖ (weights and biases).
+    ``param_norm``        ‖θ(t)‖.  ``grad_norm``: ‖∇_θ L‖ (full training loss).
+    ``output_norm``       RMS of f over the probe set, √(mean_{x,o} f_o(x)²).
+    ``kernel_distance``   1 − ⟨K_t, K_0⟩_F / (‖K_t‖_F ‖K_0‖_F) of the empirical NTK
+                          (:mod:`pipeline.ntk`; trace kernel over outputs); needs ``metrics.ntk``.
+    ``kernel_alignment``  ⟨K_t, YYᵀ⟩_F / (‖K_t‖_F ‖YYᵀ‖_F), Y the probe labels
+                          (= ⟨K, yyᵀ⟩ / (‖K‖ ‖y‖²) for one output).
+    ``ntk_eig_min/max``   smallest / largest eigenvalue of K_t (P×P).
+    ``act_flip_frac``     fraction of (probe input, hidden unit) pairs, pooled over all
+                          hidden layers, whose pre-activation sign (z > 0 or not) differs
+                          from step 0. NaN for linear nets and depth 1 (no activation
+                          pattern exists); for tanh the sign of the pre-activation.
+    ``dead_frac``         fraction of hidden units (pooled over hidden layers) with
+                          z ≤ 0 on every probe input. ReLU, and leaky ReLU with slope 0;
+                          NaN otherwise (a leaky unit with slope > 0 is never dead).
+    ``transversal_grad_sq`` mean over all test inputs of ‖P⊥ ∇ₓ f(x)‖² (summed over
+                          outputs), P⊥ the orthogonal projector onto the codimension of
+                          subspace data (``codim_basis``); NaN without one or if
+                          ``metrics.transversal`` is false.
+    ``even_part_frac``    ‖f_e‖ / √(‖f_e‖² + ‖f_o‖²) on the probe set, with
+                          f_e(x) = (f(x) + f(−x))/2 and f_o(x) = (f(x) − f(−x))/2: the even
+                          share of f on P ∪ −P (0 for a bias-free linear net). Recorded
+                          for symmetric data kinds (``metrics.even_part``), else NaN.
+
+layers (l = 1 … L)
+    ``fro_norm``, ``rel_change``  ‖W_l(t)‖_F and ‖W_l(t) − W_l(0)‖_F / ‖W_l(0)‖_F.
+    ``top_sv``, ``delta_top_sv``  the ``metrics.top_k`` largest singular values of W_l(t)
+                          and of W_l(t) − W_l(0), descending; entries beyond
+                          min(fan_out, fan_in) are NULL.
+    ``stable_rank``       ‖W_l‖_F² / ‖W_l‖_2².
+    ``balance_defect``    homogeneous activations (relu, leaky_relu):
+                          (c_l(t) − c_l(0)) / (‖W_l(0)‖_F² + ‖W_{l+1}(0)‖_F²),
+                          c_l = ‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖²; linear nets:
+                          ‖D_l(t) − D_l(0)‖_F / (same), D_l = W_{l+1}ᵀW_{l+1} − W_l W_lᵀ − b_l b_lᵀ;
+                          NaN for the last layer and for tanh.
+
+Cost: one probe forward, one backward per output for the NTK (O(E·P²·width) per
+layer), one test forward and backward per output for the transversal gradient,
+and one batched SVD per layer (O(width³) for square layers; ``metrics.spectra``
+turns the singular values off).
 """
 
 from __future__ import annotations
@@ -13,38 +60,202 @@ import torch
 from torch import Tensor
 
 from pipeline.datasets import DataBatch
-from pipeline.models import EnsembleMLP, Params
+from pipeline.models import EnsembleMLP, Forward, Params
+from pipeline.ntk import (
+    empirical_ntk,
+    extreme_eigenvalues,
+    kernel_alignment,
+    kernel_distance,
+    sensitivities,
+)
 from pipeline.spec import MetricsConfig
+from pipeline.spectra import (
+    balance_matrix_drift,
+    balance_scalar,
+    stable_rank,
+    top_singular_values,
+)
+
+#: Data kinds on which ``even_part_frac`` is recorded by default.
+SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
 
 
 def _flat_sq(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1).square().sum(1)
 
 
+def _nan(like: Tensor) -> Tensor:
+    return torch.full((like.shape[0],), float("nan"), dtype=like.dtype, device=like.device)
+
+
+# -- function-space metrics ---------------------------------------------------------------
+
+
+def hidden_signs(fwd: Forward) -> Tensor | None:
+    """Sign pattern (z > 0) of every hidden unit on every input: (E, n, Σ hidden widths)."""
+    hidden = fwd.pre[:-1]
+    if not hidden:
+        return None
+    return torch.cat([z > 0 for z in hidden], 2)
+
+
+def act_flip_frac(signs: Tensor, signs0: Tensor) -> Tensor:
+    """Fraction of (input, hidden unit) pairs whose sign pattern differs: (E,)."""
+    return (signs != signs0).reshape(signs.shape[0], -1).to(torch.float64).mean(1)
+
+
+def dead_frac(signs: Tensor) -> Tensor:
+    """Fraction of hidden units inactive (z ≤ 0) on every input: (E,)."""
+    return (~signs.any(1)).to(torch.float64).mean(1)
+
+
+def transversal_grad_sq(net: EnsembleMLP, params: Params, x: Tensor, basis: Tensor) -> Tensor:
+    """mean_x Σ_o ‖P⊥ ∇ₓ f_o(x)‖² with P⊥ = V Vᵀ, V = ``basis`` (E, d, c) orthonormal.
+
+    ∇ₓ f_o(x) = c_1 W_1ᵀ δ^o_1(x), so the projection is c_1 δ^o_1 (W_1 V), one bmm.
+    """
+    fwd = net.forward(params, x)
+    w_v = torch.bmm(params.weights[0], basis)  # (E, n_1, c)
+    total = None
+    for deltas in sensitivities(net, params, fwd):
+        proj = torch.bmm(deltas[0], w_v).mul_(net.multipliers[0])
+        sq = proj.square().sum((1, 2))
+        total = sq if total is None else total + sq
+    return total / x.shape[1]
+
+
+def even_part_frac(net: EnsembleMLP, params: Params, x: Tensor) -> Tensor:
+    """‖f_e‖ / √(‖f_e‖² + ‖f_o‖²) over inputs x (E, P, d), f_e/f_o the even/odd parts."""
+    n = x.shape[1]
+    out = net(params, torch.cat([x, -x], 1))
+    plus, minus = out[:, :n], out[:, n:]
+    even = _flat_sq(plus + minus)
+    odd = _flat_sq(plus - minus)
+    return (even / (even + odd)).sqrt()
+
+
+# -- the recorder ---------------------------------------------------------------------------
+
+
 class MetricRecorder:
-    """Metrics of one chunk relative to its initial parameters ``params0``."""
+    """Metrics of one chunk relative to its initial parameters ``params0``.
+
+    ``data_kind``: the chunk's ``data.kind`` (decides ``even_part_frac`` when
+    ``metrics.even_part`` is None).
+    """
 
     def __init__(
-        self, net: EnsembleMLP, params0: Params, batch: DataBatch, cfg: MetricsConfig
+        self,
+        net: EnsembleMLP,
+        params0: Params,
+        batch: DataBatch,
+        cfg: MetricsConfig,
+        data_kind: str | None = None,
     ) -> None:
         self.net, self.batch, self.cfg = net, batch, cfg
         self.params0 = params0.clone()
         self.norm0 = self.params0.sq_norm().sqrt()
-        self.w0_fro = [_flat_sq(w).sqrt() for w in self.params0.weights]
+        self.w0_sq = [_flat_sq(w) for w in self.params0.weights]
+        self.w0_fro = [s.sqrt() for s in self.w0_sq]
+        P = min(cfg.probe_size, batch.x_test.shape[1])
+        self.probe_x = batch.x_test[:, :P]
+        self.probe_y = batch.y_test[:, :P]
 
+        even = cfg.even_part
+        self.even = data_kind in SYMMETRIC_KINDS if even is None else even
+        self.transversal = cfg.transversal and batch.codim_basis is not None
+
+        act = net.activation
+        self.has_pattern = act != "linear" and net.depth > 1
+        if act == "relu":
+            self.dead_ok: Tensor | None = torch.ones(
+                batch.x_test.shape[0], dtype=torch.bool, device=batch.x_test.device
+            )
+        elif act == "leaky_relu":
+            slope = net._slope
+            if isinstance(slope, Tensor):
+                self.dead_ok = slope.reshape(-1) == 0
+            else:
+                self.dead_ok = torch.full(
+                    (batch.x_test.shape[0],), slope == 0, device=batch.x_test.device
+                )
+        else:
+            self.dead_ok = None
+
+        fwd0 = net.forward(self.params0, self.probe_x)
+        self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
+        self.k0 = empirical_ntk(net, self.params0, self.probe_x, fwd=fwd0) if cfg.ntk else None
+
+        # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial scalar balance
+        self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
+        self.balance0 = balance_scalar(self.params0)
+
+    # -- per-member scalars -----------------------------------------------------------------
     def trajectory(self, params: Params, grads: Params) -> dict[str, Tensor]:
         """Per-member scalars, each (E,)."""
+        net = self.net
         diff_sq = sum(_flat_sq(p - p0) for p, p0 in zip(params.tensors(), self.params0.tensors()))
-        return {
+        norm = params.sq_norm().sqrt()
+        out: dict[str, Tensor] = {
             "param_rel_change": diff_sq.sqrt() / self.norm0,
-            "param_norm": params.sq_norm().sqrt(),
+            "param_norm": norm,
             "grad_norm": grads.sq_norm().sqrt(),
         }
+        fwd = net.forward(params, self.probe_x)
+        f = fwd.output
+        out["output_norm"] = f.square().mean((1, 2)).sqrt()
 
+        if self.k0 is not None:
+            k = empirical_ntk(net, params, self.probe_x, fwd=fwd)
+            out["kernel_distance"] = kernel_distance(k, self.k0)
+            out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
+            out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k)
+
+        if self.signs0 is not None:
+            signs = hidden_signs(fwd)
+            out["act_flip_frac"] = act_flip_frac(signs, self.signs0)
+            if self.dead_ok is not None:
+                out["dead_frac"] = torch.where(self.dead_ok, dead_frac(signs), _nan(norm))
+
+        if self.transversal:
+            out["transversal_grad_sq"] = transversal_grad_sq(
+                net, params, self.batch.x_test, self.batch.codim_basis
+            )
+        if self.even:
+            out["even_part_frac"] = even_part_frac(net, params, self.probe_x)
+        return out
+
+    # -- per-member, per-layer values -----------------------------------------------------------
     def layers(self, params: Params) -> dict[str, Tensor]:
-        """Per-member, per-layer values: (E, depth) scalars."""
-        fro = torch.stack([_flat_sq(w).sqrt() for w in params.weights], 1)
-        delta = torch.stack(
-            [_flat_sq(w - w0).sqrt() for w, w0 in zip(params.weights, self.params0.weights)], 1
-        )
-        return {"fro_norm": fro, "rel_change": delta / torch.stack(self.w0_fro, 1)}
+        """Per-member, per-layer values: (E, depth) scalars, (E, depth, top_k) lists."""
+        w, w0 = params.weights, self.params0.weights
+        fro = torch.stack([_flat_sq(x).sqrt() for x in w], 1)
+        delta = torch.stack([_flat_sq(x - x0).sqrt() for x, x0 in zip(w, w0)], 1)
+        out = {"fro_norm": fro, "rel_change": delta / torch.stack(self.w0_fro, 1)}
+
+        if self.cfg.spectra:
+            k = self.cfg.top_k
+            top = torch.stack([top_singular_values(x, k) for x in w], 1)
+            out["top_sv"] = top
+            out["stable_rank"] = stable_rank(fro, top[..., 0])
+            out["delta_top_sv"] = torch.stack(
+                [top_singular_values(x - x0, k) for x, x0 in zip(w, w0)], 1
+            )
+
+        out["balance_defect"] = self._balance(params, fro)
+        return out
+
+    def _balance(self, params: Params, fro: Tensor) -> Tensor:
+        E, L = fro.shape
+        defect = torch.full((E, L), float("nan"), dtype=fro.dtype, device=fro.device)
+        if L < 2:
+            return defect
+        act = self.net.activation
+        if act == "linear":
+            drift = balance_matrix_drift(params, self.params0)
+        elif act in ("relu", "leaky_relu"):
+            drift = balance_scalar(params) - self.balance0
+        else:  # tanh: no conserved balance
+            return defect
+        defect[:, :-1] = drift / torch.stack(self.balance_den, 1)
+        return defect

@@ -164,6 +164,10 @@ class MetricsConfig(_Section):
     ntk: bool = True
     top_k: Annotated[int, Field(ge=1, le=64)] = 5
     transversal: bool = True
+    #: per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.
+    spectra: bool = True
+    #: even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).
+    even_part: bool | None = None
 
 
 class AnalysisConfig(_Section):

@@ -152,7 +152,9 @@ class ChunkTrainer:
         steps = t.steps
         logged = set(log_steps(steps, t.log_points).tolist())
         params = self.params0.clone()
-        recorder = MetricRecorder(self.net, self.params0, b, self.base.metrics)
+        recorder = MetricRecorder(
+            self.net, self.params0, b, self.base.metrics, data_kind=self.base.data.kind
+        )
         sgd = t.optimizer == "sgd"
         self._perm = None
 
