@@ -41,6 +41,13 @@ DataKind = Literal[
 ]
 
 
+#: scikit-learn's bundled digits (``load_digits``): 8x8 images, images per class 0..9.
+DIGITS_FEATURES = 64
+DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
+#: number of points of the ``layout: paper`` datasets (seed 004, all in 2-d).
+PAPER_POINTS = {"orthogonal": 2, "xor": 4, "perturbed_symmetric": 6}
+
+
 class SpecError(ValueError):
     """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given."""
 
@@ -95,7 +102,8 @@ class DataConfig(_Section):
     output_dim: PositiveInt = 1
     #: subspace data: dimension of the data subspace.
     subspace_dim: PositiveInt = 2
-    #: subspace data: std of the noise in the codimension (or everywhere, see ``noise``).
+    #: subspace data: std of the noise in the codimension (or everywhere, see ``noise``);
+    #: xor data: std of the isotropic cluster noise around the four points.
     noise_sigma: NonNegativeFloat = 0.0
     noise: Literal["codim", "isotropic"] = "codim"
     #: subspace data: rotate the subspace randomly (False: the first coordinates).
@@ -112,22 +120,105 @@ class DataConfig(_Section):
     #: std of Gaussian label noise; ``label_noise_symmetric`` keeps odd labels odd.
     label_noise: NonNegativeFloat = 0.0
     label_noise_symmetric: bool = False
-    #: digits: which classes to keep (None: all ten).
+    #: digits: which classes to keep (None: all ten). Two classes give ±1 labels
+    #: (output_dim 1), more give one-hot labels (output_dim = number of classes).
     classes: list[NonNegativeInt] | None = None
+    #: orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact
+    #: points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d).
+    layout: Literal["random", "paper"] = "random"
     #: data seed; None derives it from ``train.seed``.
     seed: NonNegativeInt | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _digits_dims(cls, raw: Any) -> Any:
+        """digits fixes its own dims: 64 features; 1 output for two classes, else one per class.
+
+        ``input_dim``/``output_dim`` left out (or at their defaults) are filled in;
+        any other value is an error.
+        """
+        if not isinstance(raw, dict) or raw.get("kind") != "digits":
+            return raw
+        raw = dict(raw)
+        classes = raw.get("classes")
+        n_classes = len(classes) if isinstance(classes, list) else 10
+        dims = {"input_dim": (DIGITS_FEATURES, 10), "output_dim": (n_classes, 1)}
+        if n_classes == 2:
+            dims["output_dim"] = (1, 1)
+        for key, (value, default) in dims.items():
+            given = raw.get(key, default)
+            if given == default:
+                raw[key] = value
+            elif given != value:
+                raise ValueError(
+                    f"{key} is {given} but digits data with these classes has {key} {value} "
+                    "(leave it out)"
+                )
+        return raw
+
     @model_validator(mode="after")
-    def _subspace_fits(self) -> DataConfig:
-        if self.kind == "subspace" and self.subspace_dim > self.input_dim:
-            raise ValueError(f"subspace_dim {self.subspace_dim} exceeds input_dim {self.input_dim}")
+    def _kind_fits(self) -> DataConfig:
+        k, n, d = self.kind, self.n_train, self.input_dim
+        if k == "subspace" and self.subspace_dim > d:
+            raise ValueError(f"subspace_dim {self.subspace_dim} exceeds input_dim {d}")
+        paired = k in ("symmetric", "perturbed_symmetric")
+        if paired and n % 2:
+            raise ValueError(f"{k} data stores (x, -x) pairs: n_train {n} must be even")
+        if self.whiten:
+            if not paired:
+                raise ValueError(f"whiten applies to symmetric data, not {k}")
+            if n // 2 < d:
+                raise ValueError(
+                    f"whiten needs n_train/2 >= input_dim ({n // 2} < {d}): the covariance "
+                    "of fewer pairs is singular"
+                )
+        if self.label_noise_symmetric and not paired:
+            raise ValueError(f"label_noise_symmetric needs (x, -x) pairs, {k} data has none")
+        if k in ("orthogonal", "xor", "perturbed_symmetric") and self.output_dim != 1:
+            raise ValueError(f"{k} data has ±1 labels: output_dim must be 1")
+        if k == "orthogonal" and self.layout == "random" and n > d:
+            raise ValueError(f"orthogonal data: n_train {n} exceeds input_dim {d}")
+        if k == "perturbed_symmetric" and self.layout == "random" and d < 2:
+            raise ValueError("perturbed_symmetric data needs input_dim >= 2")
+        if k == "xor" and d < 2:
+            raise ValueError("xor data needs input_dim >= 2")
+        if self.layout == "paper" and k in PAPER_POINTS:
+            if n != PAPER_POINTS[k] or d != 2:
+                raise ValueError(
+                    f"layout paper of {k} data is {PAPER_POINTS[k]} points in 2-d: "
+                    f"set n_train {PAPER_POINTS[k]} and input_dim 2"
+                )
+        if k == "digits":
+            self._digits_fit()
         return self
+
+    def _digits_fit(self) -> None:
+        classes = list(range(10)) if self.classes is None else self.classes
+        if len(classes) < 2 or len(set(classes)) != len(classes) or max(classes) > 9:
+            raise ValueError(f"classes {classes}: give two or more distinct digits 0..9")
+        available = sum(DIGITS_CLASS_COUNTS[c] for c in classes)
+        if self.n_train + self.n_test > available:
+            raise ValueError(
+                f"n_train + n_test = {self.n_train + self.n_test} exceeds the "
+                f"{available} digits images of classes {classes}"
+            )
 
 
 class LrScaling(_Section):
-    """lr = train.lr * init_scale**init_scale_power * width**width_power."""
+    """lr = train.lr * max(init_scale, init_scale_floor)**p * width**width_power,
+    p = init_scale_power + init_scale_depth_power * (depth - 1).
+
+    The floor lets a rule act only where it is needed: with power -2 and floor 1,
+    large inits (whose kernel grows like init_scale²) get a stable lr while small
+    inits keep the lr that is stable once they have escaped the origin.
+    """
 
     init_scale_power: float = 0.0
+    #: added to ``init_scale_power`` once per hidden layer: the exponent of the
+    #: init_scale factor is ``init_scale_power + init_scale_depth_power * (depth - 1)``
+    #: (-2 with floor 1: lr ∝ 1/init_scale^(2(depth-1)), the growth of the NTK).
+    init_scale_depth_power: float = 0.0
+    init_scale_floor: NonNegativeFloat = 0.0
     width_power: float = 0.0
 
 

@@ -51,7 +51,8 @@ def member_lr(config: RunConfig) -> float:
     s = config.train.lr_scaling
     return (
         config.train.lr
-        * config.model.init_scale**s.init_scale_power
+        * max(config.model.init_scale, s.init_scale_floor)
+        ** (s.init_scale_power + s.init_scale_depth_power * (config.model.depth - 1))
         * config.model.width**s.width_power
     )
 

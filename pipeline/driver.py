@@ -1,0 +1,229 @@
+"""Run a sweep's chunks as Ray Tune trials; the Parquet store keeps the results.
+
+Tune is the scheduler, not the results store: each trial trains one chunk,
+writes its tables to the store (atomically, ``runs`` last), and reports a few
+summary numbers. Trials keep no checkpoints, Tune's loggers are off and its
+experiment directory is a temporary one removed at the end, so nothing of
+Tune's grows with the grid.
+
+Idempotence: before training, a trial drops the members the store already
+holds (a retried trial whose first attempt committed trains nothing), so a
+crash, a killed worker or a retry never duplicates a run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from pipeline.grid import Chunk, Point
+from pipeline.spec import RunConfig
+from storage import Store
+from storage.schema import RUNS
+
+#: Environment variable naming run ids whose training raises (comma-separated, or
+#: ``*`` for all): a fault injector for testing retries and the ``failed`` status.
+FAULT_ENV = "PHASESWEEP_INJECT_FAILURE"
+
+
+@dataclass
+class SweepOutcome:
+    """What a launch did: points trained, skipped as already stored, diverged, failed."""
+
+    total: int
+    skipped: int
+    trained: int = 0
+    diverged: int = 0
+    failed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _encode(chunks: Sequence[Chunk]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Compact, picklable chunks: (chunk_id, [(run_id, config JSON), ...])."""
+    return [
+        (c.chunk_id, [(p.run_id, p.config.model_dump_json()) for p in c.points]) for c in chunks
+    ]
+
+
+def _decode(chunk_id: str, members: list[tuple[str, str]]) -> Chunk:
+    points = tuple(Point(rid, RunConfig.model_validate_json(cfg), {}) for rid, cfg in members)
+    return Chunk(chunk_id, points)
+
+
+def _inject_failure(run_ids: Sequence[str]) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    targets = {s for s in spec.split(",") if s}
+    if "*" in targets or targets.intersection(run_ids):
+        raise RuntimeError(f"{FAULT_ENV} injected a failure into this chunk")
+
+
+def train_and_store(store_uri: str, sweep: str, chunk: Chunk, device: str) -> dict[str, Any]:
+    """Train the chunk's members that the store does not hold yet and commit them.
+
+    Returns the small summary a Tune trial reports.
+    """
+    from pipeline.trainer import train_chunk
+
+    store = Store.open(store_uri)
+    done = store.done_run_ids(sweep)
+    todo = tuple(p for p in chunk.points if p.run_id not in done)
+    summary = {"points": len(todo), "skipped": len(chunk.points) - len(todo), "diverged": 0}
+    if not todo:
+        return summary
+    _inject_failure([p.run_id for p in todo])
+    started = time.perf_counter()
+    tables = train_chunk(Chunk(chunk.chunk_id, todo), device)
+    store.write_chunk(sweep, chunk.chunk_id, tables)
+    status = tables["runs"].column("status").to_pylist()
+    summary.update(diverged=status.count("diverged"), seconds=time.perf_counter() - started)
+    return summary
+
+
+def _trial(config: dict[str, Any], store_uri: str, sweep: str, chunks: list) -> None:
+    """Tune trainable: one chunk. Threads = the CPUs Ray gave this trial."""
+    import ray
+    import torch
+    from ray import tune
+
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    torch.set_num_threads(max(1, int(assigned.get("CPU", 1))))
+    device = "cuda" if assigned.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
+    chunk = _decode(*chunks[config["chunk"]])
+    tune.report(train_and_store(store_uri, sweep, chunk, device))
+
+
+def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.Table:
+    """``runs`` rows with status 'failed' for points whose trial failed after retries."""
+    from datetime import datetime, timezone
+
+    n = len(points)
+    cols = {
+        "run_id": [p.run_id for p in points],
+        "chunk_id": [chunk_id] * n,
+        "status": ["failed"] * n,
+        "init_scale": [p.config.model.init_scale for p in points],
+        "width": [p.config.model.width for p in points],
+        "depth": [p.config.model.depth for p in points],
+        "noise_sigma": [p.config.data.noise_sigma for p in points],
+        "lr": [p.config.train.lr for p in points],
+        "seed": [p.config.train.seed for p in points],
+        "activation": [p.config.model.activation for p in points],
+        "bias": [p.config.model.bias for p in points],
+        "parameterization": [p.config.model.parameterization for p in points],
+        "data_kind": [p.config.data.kind for p in points],
+        "steps": [p.config.train.steps for p in points],
+        "config": [p.config.model_dump_json() for p in points],
+        "finished_at": [datetime.now(timezone.utc)] * n,
+        "error": [error[-2000:]] * n,
+    }
+    arrays = [
+        pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, f.type) for f in RUNS
+    ]
+    return pa.Table.from_arrays(arrays, schema=RUNS)
+
+
+def _ray_init(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR"
+    )
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(**kwargs)
+
+
+def run_chunks(
+    store: Store,
+    sweep: str,
+    chunks: Sequence[Chunk],
+    *,
+    total: int,
+    skipped: int,
+    address: str | None = None,
+    cpus_per_trial: float = 1,
+    gpus_per_trial: float = 0,
+    max_retries: int = 2,
+    progress: bool = True,
+) -> SweepOutcome:
+    """Schedule ``chunks`` as Tune trials and wait; returns what happened.
+
+    Points of trials that still fail after ``max_retries`` retries are stored
+    with status ``failed`` (a relaunch trains them again).
+    """
+    from ray import tune
+
+    outcome = SweepOutcome(total=total, skipped=skipped)
+    if not chunks:
+        return outcome
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("TUNE_RESULT_BUFFER_LENGTH", "1")
+    _ray_init(address)
+    n_points = sum(len(c.points) for c in chunks)
+    bar = tqdm(total=n_points, unit="pt", desc=f"{sweep}", disable=not progress, smoothing=0.1)
+    bar.set_postfix(skipped=skipped)
+
+    class _Progress(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):  # noqa: ANN001
+            outcome.trained += result.get("points", 0)
+            outcome.diverged += result.get("diverged", 0)
+            bar.update(result.get("points", 0) + result.get("skipped", 0))
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, store_uri=store.uri, sweep=sweep, chunks=_encode(chunks)),
+        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+    )
+    tune_dir = tempfile.mkdtemp(prefix="phasesweep-tune-")
+    try:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"chunk": tune.grid_search(list(range(len(chunks))))},
+            tune_config=tune.TuneConfig(reuse_actors=True),
+            run_config=tune.RunConfig(
+                name=sweep,
+                storage_path=tune_dir,
+                failure_config=tune.FailureConfig(max_failures=max_retries),
+                verbose=0,
+                callbacks=[_Progress()],
+            ),
+        )
+        results = tuner.fit()
+        for result in results:
+            if result.error is None:
+                continue
+            chunk = chunks[result.config["chunk"]]
+            done = store.done_run_ids(sweep)
+            lost = [p for p in chunk.points if p.run_id not in done]
+            if lost:
+                message = f"{type(result.error).__name__}: {result.error}"
+                store.write_chunk(
+                    sweep,
+                    chunk.chunk_id,
+                    {"runs": failed_runs_table(lost, chunk.chunk_id, message)},
+                )
+                outcome.failed += [p.run_id for p in lost]
+                outcome.errors.append(message)
+            bar.update(len(lost))
+    finally:
+        bar.close()
+        shutil.rmtree(tune_dir, ignore_errors=True)
+    return outcome
+
+
+def flops_estimate(points: Sequence[Point]) -> float:
+    """Training FLOPs of the points (forward + backward, all steps)."""
+    from pipeline.grid import flops_per_step
+
+    return float(np.sum([flops_per_step(p.config) * p.config.train.steps for p in points]))
