@@ -1,0 +1,23 @@
+"""Analysis of a sweep: regimes, escape times, plateaus, scaling fits, figures, report.
+
+The narrow public surface (the CLI calls these):
+
+- :func:`analyze` (``phasesweep analyze SWEEP``): writes the ``summaries``,
+  ``plateaus`` and ``scaling_fits`` tables of the sweep; returns row counts.
+- :func:`plot` (``phasesweep plot SWEEP [--out DIR]``): regenerates every figure
+  of the spec's ``plots:`` section (defaults from the swept axes) as PNG + SVG.
+- :func:`report` (``phasesweep report SWEEP [--out DIR]``): one self-contained
+  HTML page with spec, counts, figures and fitted slopes.
+- :func:`phase_diagram_sql`: the single SQL query behind a phase diagram.
+
+The pure cores live in :mod:`analysis.escape`, :mod:`analysis.plateaus`,
+:mod:`analysis.regimes`, :mod:`analysis.scaling`, :mod:`analysis.figures`;
+:mod:`analysis.calibration` has closed-form loss curves with known answers.
+"""
+
+from analysis.analyze import analyze
+from analysis.phase import phase_diagram_sql
+from analysis.plotting import plot
+from analysis.report import report
+
+__all__ = ["analyze", "phase_diagram_sql", "plot", "report"]

@@ -1,0 +1,268 @@
+"""``phasesweep analyze``: per-run summaries, plateaus and scaling fits of a sweep.
+
+The core, :func:`analyze_frames`, is pure: pandas frames of ``runs`` and
+``trajectories`` in, Arrow tables of ``summaries``, ``plateaus`` and
+``scaling_fits`` out. :func:`analyze` reads a sweep through the DuckDB catalog,
+takes the thresholds from the sweep's stored spec (``analysis:``; defaults if
+there is none), and replaces the sweep's partitions of the three tables, so it
+can be rerun at any time (e.g. with other thresholds) and gives the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import yaml
+
+from analysis import series as ser
+from analysis.escape import escape_times
+from analysis.plateaus import plateau_frame
+from analysis.regimes import classify
+from analysis.scaling import fit_scaling
+from pipeline.spec import SHORT_NAMES, AnalysisConfig, SweepSpec, validate_spec
+from storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
+
+log = logging.getLogger(__name__)
+
+RUN_COLUMNS = [
+    "run_id",
+    "status",
+    "init_scale",
+    "width",
+    "depth",
+    "noise_sigma",
+    "lr",
+    "seed",
+    "activation",
+    "initial_train_loss",
+    "final_train_loss",
+]
+TRAJECTORY_COLUMNS = [
+    "train_loss",
+    "test_loss",
+    "param_rel_change",
+    "kernel_distance",
+    "act_flip_frac",
+    "transversal_grad_sq",
+]
+#: runs columns (besides depth) that split scaling fits when they are grid axes.
+GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
+
+
+def load_spec(store, sweep: str) -> SweepSpec | None:
+    """The sweep's stored spec, validated, or None (none stored, or it no longer validates)."""
+    text = store.read_spec(sweep)
+    if text is None:
+        return None
+    try:
+        return validate_spec(yaml.safe_load(text))
+    except Exception as e:  # an old spec must not block the analysis: defaults apply
+        log.warning("stored spec of sweep %s does not validate (%s); using defaults", sweep, e)
+        return None
+
+
+def grid_axes(spec: SweepSpec | None) -> list[str]:
+    """The spec's grid axes as short names (dotted paths mapped back where they have one)."""
+    if spec is None:
+        return []
+    inverse = {v: k for k, v in SHORT_NAMES.items()}
+    return [inverse.get(k, k) for k in spec.grid]
+
+
+def fit_group_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
+    """Axes besides depth that split the scaling fits.
+
+    With a spec: the grid axes among ``GROUP_AXES``. Without: the columns of
+    ``GROUP_AXES`` except ``lr`` (which may be derived from the init scale) that
+    take more than one value.
+    """
+    if spec is not None:
+        axes = set(grid_axes(spec))
+        return [a for a in GROUP_AXES if a in axes]
+    return [a for a in GROUP_AXES if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1]
+
+
+def compute_summaries(
+    runs: pd.DataFrame, traj: pd.DataFrame, cfg: AnalysisConfig
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summaries, plateaus) frames, one summaries row per row of ``runs``."""
+    run_ids = runs["run_id"].to_numpy(dtype=object)
+    status = runs["status"].to_numpy(dtype=object)
+    cols = [c for c in TRAJECTORY_COLUMNS if c in traj]
+    s = ser.from_frame(traj, cols, run_ids=run_ids)
+    for c in TRAJECTORY_COLUMNS:
+        if c not in s.values:
+            s.values[c] = np.full(len(s.time), np.nan)
+
+    l0 = ser.first(s.select("train_loss"), "train_loss")
+    l0 = np.where(np.isfinite(l0), l0, _col(runs, "initial_train_loss"))
+    lend = ser.last_finite(s, "train_loss")
+    lend = np.where(np.isfinite(lend), lend, _col(runs, "final_train_loss"))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(l0 > 0, lend / l0, np.nan)
+    finals = {c: ser.last_finite(s, c) for c in TRAJECTORY_COLUMNS}
+
+    reg = classify(
+        status,
+        ratio,
+        finals["kernel_distance"],
+        finals["param_rel_change"],
+        order_parameter=cfg.order_parameter,
+        lazy_threshold=cfg.lazy_threshold,
+        fallback_lazy_threshold=cfg.fallback_lazy_threshold,
+        converged_loss_frac=cfg.converged_loss_frac,
+    )
+
+    extra = list(cfg.extra_escape_eps)
+    eps_all = [cfg.escape_eps, *ESCAPE_EPS, *extra]
+    esc = escape_times(s, eps_all, min_drop=cfg.escape_min_drop)
+    no_escape = np.isin(status, ["diverged", "failed"])
+    esc[no_escape] = np.nan
+
+    plateaus, counts = plateau_frame(
+        s,
+        contrast=cfg.plateau_contrast,
+        min_drop=cfg.plateau_min_drop,
+        floor=cfg.plateau_loss_floor,
+        skip=no_escape | (s.lengths == 0),
+    )
+
+    out = pd.DataFrame(
+        {
+            "run_id": run_ids,
+            "regime": reg.regime,
+            "escape_time": esc[:, 0],
+            "n_plateaus": pd.array(np.where(counts >= 0, counts, 0), dtype="Int64"),
+            "final_param_rel_change": finals["param_rel_change"],
+            "final_kernel_distance": finals["kernel_distance"],
+            "order_parameter": reg.order_parameter,
+            "order_value": reg.order_value,
+            "lazy_threshold": reg.threshold,
+            "initial_train_loss": l0,
+            "final_train_loss": lend,
+            "loss_ratio": ratio,
+            "final_time": ser.last_time_finite(s, "train_loss"),
+            "final_test_loss": finals["test_loss"],
+            "final_act_flip_frac": finals["act_flip_frac"],
+            "final_transversal_grad_sq": finals["transversal_grad_sq"],
+            "escape_eps": cfg.escape_eps,
+        }
+    )
+    out.loc[counts < 0, "n_plateaus"] = pd.NA
+    for k, c in enumerate(ESCAPE_COLUMNS):
+        out[c] = esc[:, 1 + k]
+    nx = len(extra)
+    out["extra_escape_eps"] = [list(extra)] * len(out)
+    out["extra_escape_times"] = [_none_nan(row) for row in esc[:, len(eps_all) - nx :]]
+    return out, plateaus
+
+
+def compute_fits(
+    runs: pd.DataFrame,
+    summaries: pd.DataFrame,
+    cfg: AnalysisConfig,
+    group_axes: Sequence[str] = (),
+) -> pd.DataFrame:
+    """Scaling fits of the escape times (see :mod:`analysis.scaling`)."""
+    df = runs.merge(summaries[["run_id", "regime", "escape_time"]], on="run_id")
+    keep = (df["status"] == "completed") & df["regime"].isin(list(cfg.fit_regimes))
+    if cfg.fit_init_scale_max is not None:
+        keep &= df["init_scale"] <= cfg.fit_init_scale_max
+    return fit_scaling(
+        df[keep],
+        group_axes=group_axes,
+        eps=cfg.escape_eps,
+        min_decades=cfg.fit_min_decades,
+        confidence=cfg.fit_confidence,
+    )
+
+
+def analyze_frames(
+    runs: pd.DataFrame,
+    traj: pd.DataFrame,
+    cfg: AnalysisConfig | None = None,
+    group_axes: Sequence[str] | None = None,
+) -> dict[str, pa.Table]:
+    """The three analysis tables (Arrow, with their schemas, no ``sweep`` column)."""
+    cfg = cfg or AnalysisConfig()
+    if group_axes is None:
+        group_axes = fit_group_axes(runs, None)
+    summaries, plateaus = compute_summaries(runs, traj, cfg)
+    fits = compute_fits(runs, summaries, cfg, group_axes)
+    return {
+        "summaries": _to_arrow(summaries, SUMMARIES),
+        "plateaus": _to_arrow(plateaus, PLATEAUS),
+        "scaling_fits": _to_arrow(fits, SCALING_FITS),
+    }
+
+
+def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, trajectories) of a sweep from a catalog connection."""
+    runs = con.execute(
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE sweep = ? ORDER BY run_id", [sweep]
+    ).df()
+    traj = con.execute(
+        f"SELECT run_id, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
+        "WHERE sweep = ? ORDER BY run_id, time",
+        [sweep],
+    ).df()
+    return runs, traj
+
+
+def analyze_catalog(con, sweep: str, spec: SweepSpec | None = None) -> dict[str, pa.Table]:
+    """The analysis tables of ``sweep`` read through a catalog connection ``con``."""
+    runs, traj = read_inputs(con, sweep)
+    cfg = spec.analysis if spec is not None else AnalysisConfig()
+    return analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
+
+
+def analyze(store, sweep: str) -> dict[str, int]:
+    """Compute and store ``summaries``, ``plateaus`` and ``scaling_fits`` of ``sweep``.
+
+    ``store`` is a ``storage.Store`` or a URI. Each table's partition for the
+    sweep is replaced whole. Returns the number of rows written per table.
+    """
+    from storage import Store, open_catalog
+
+    store = store if isinstance(store, Store) else Store.open(store)
+    con = open_catalog(store)
+    try:
+        tables = analyze_catalog(con, sweep, load_spec(store, sweep))
+    finally:
+        con.close()
+    for name, table in tables.items():
+        store.write_analysis(sweep, name, table)
+    return {name: table.num_rows for name, table in tables.items()}
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in df:
+        return np.full(len(df), np.nan)
+    return df[name].to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _none_nan(values) -> list:
+    return [None if not np.isfinite(v) else float(v) for v in values]
+
+
+def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
+    arrays = []
+    for field in schema:
+        col = df[field.name] if field.name in df else pd.Series([None] * len(df))
+        if pa.types.is_list(field.type):
+            arrays.append(pa.array(list(col), type=field.type))
+            continue
+        if pa.types.is_floating(field.type):
+            values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
+            arrays.append(pa.array(values, type=field.type, from_pandas=True))
+            continue
+        values = [
+            None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
+            for v in col.tolist()
+        ]
+        arrays.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

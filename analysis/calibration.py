@@ -1,0 +1,293 @@
+"""Loss curves with known answers, from closed forms (independent of the trainer).
+
+They calibrate the detectors of this package (tests, benchmarks) and build
+synthetic sweeps. Conventions are phasesweep's: loss ``1/(2n) Σ ||f(x) - y||²``,
+gradient-flow time ``t``.
+
+- Whitened two-layer linear net, small balanced init: in the singular basis of
+  the input-output correlation Σ_yx (singular values ``s_i``) every mode's
+  strength ``u_i = a_i b_i`` follows ``du/dt = 2u(s - u)``, the logistic
+  ``u(t) = s e^{2st} / (e^{2st} - 1 + s/u0)``; the loss is ``½ Σ (s_i - u_i)²``
+  (Saxe et al.; seeds/004, Corollary after Theorem 4.1, for bias-free ReLU on
+  symmetric data). With well-separated ``s_i`` and small ``u0`` it shows one
+  plateau per mode, at the levels ``½ Σ_{j >= i} s_j²``, left near
+  ``t_i ≈ log(s_i/u0) / (2 s_i)``.
+- Whitened depth-L linear net, balanced init ``a_l = u0^(1/L)`` for every layer:
+  ``du/dt = L u^(2 - 2/L) (s - u)``; its time course is tabulated by quadrature
+  of ``t(u) = ∫ du / (L u^(2-2/L) (s - u))`` (exact up to quadrature error).
+  For small ``u0 = α^L`` the escape takes ``t ∝ α^-(L-2)`` (L >= 3).
+- Bias-free ReLU on the XOR-like data of seeds/004 (Fig. 4, points
+  ``[0,1], [2,0], [0,-3], [-4,0]``, labels ±1): each point is fitted by its
+  own set of neurons, i.e. by an independent one-dimensional two-layer linear
+  net; point i (radius ``r_i``) is the logistic mode with rate ``2 r_i |y_i| / n``.
+  Four drops, largest radius first; levels ½, 3/8, 1/4, 1/8.
+- Lazy (kernel) training: ``Σ_k c_k e^{-2 λ_k t}``, log-convex, no plateau.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import integrate
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def logged_times(lr: float, steps: int, log_points: int = 100) -> np.ndarray:
+    """Gradient-flow times of log-spaced logged steps (step 0 and the last included)."""
+    st = np.unique(np.round(np.logspace(0, np.log10(steps), log_points - 1)).astype(np.int64))
+    return np.concatenate([[0], st]) * lr
+
+
+def logistic_mode(t: np.ndarray, s: float, u0: float, rate: float | None = None) -> np.ndarray:
+    """``u(t) = s e^{kt} / (e^{kt} - 1 + s/u0)`` with ``k = rate`` (default ``2s``)."""
+    k = 2.0 * s if rate is None else rate
+    e = np.exp(np.minimum(k * np.asarray(t, dtype=np.float64), 700.0))
+    return s * e / (e - 1.0 + s / u0)
+
+
+def two_layer_linear_loss(t: np.ndarray, s: Sequence[float], u0: float) -> np.ndarray:
+    """Loss ``½ Σ (s_i - u_i(t))²`` of a whitened two-layer linear net (balanced init ``u0``)."""
+    return 0.5 * sum((si - logistic_mode(t, si, u0)) ** 2 for si in s)
+
+
+def two_layer_escape_time(s: float, u0: float, frac: float) -> float:
+    """Exact time at which the mode of strength ``s`` reaches ``u = frac * s``."""
+    return float(np.log(frac / (1.0 - frac) * (s / u0 - 1.0)) / (2.0 * s))
+
+
+def deep_linear_mode(t: np.ndarray, s: float, u0: float, depth: int) -> np.ndarray:
+    """``u(t)`` solving ``du/dt = L u^(2-2/L) (s - u)``, ``u(0) = u0 < s``, by quadrature."""
+    t = np.asarray(t, dtype=np.float64)
+    # Tabulate t(u) on a grid dense in log(u) and in log(s - u).
+    lo = np.log(u0)
+    grid_a = np.exp(np.linspace(lo, np.log(s / 2), 4000))
+    grid_b = s - np.exp(np.linspace(np.log(s / 2), np.log(s * 1e-15), 4000))[1:]
+    u = np.concatenate([grid_a, grid_b])
+    power = 2.0 - 2.0 / depth
+
+    # integrate in x = log u on the first half and in y = log(s - u) on the second.
+    def rate_u(uu):
+        return depth * uu**power * (s - uu)
+
+    x = np.log(grid_a)
+    f_a = grid_a / rate_u(grid_a)  # dt/dx
+    t_a = integrate.cumulative_trapezoid(f_a, x, initial=0.0)
+    w = s - np.concatenate([[grid_a[-1]], grid_b])
+    y = np.log(w)
+    f_b = -w / rate_u(s - w)  # dt/dy
+    t_b = t_a[-1] + integrate.cumulative_trapezoid(f_b, y, initial=0.0)[1:]
+    tt = np.concatenate([t_a, t_b])
+    return np.interp(t, tt, u, left=u0, right=s)
+
+
+def deep_linear_loss(
+    t: np.ndarray, s: Sequence[float], u0: float | Sequence[float], depth: int
+) -> np.ndarray:
+    """Loss ``½ Σ (s_i - u_i(t))²`` of a whitened depth-L linear net, modes independent."""
+    u0s = np.broadcast_to(np.asarray(u0, dtype=np.float64), (len(s),))
+    if depth == 2:
+        return 0.5 * sum((si - logistic_mode(t, si, ui)) ** 2 for si, ui in zip(s, u0s))
+    return 0.5 * sum((si - deep_linear_mode(t, si, ui, depth)) ** 2 for si, ui in zip(s, u0s))
+
+
+XOR_POINTS = np.array([[0.0, 1.0], [2.0, 0.0], [0.0, -3.0], [-4.0, 0.0]])
+XOR_LABELS = np.array([1.0, -1.0, 1.0, -1.0])
+
+
+def xor_relu_loss(
+    t: np.ndarray,
+    w_init: float = 1e-6,
+    points: np.ndarray = XOR_POINTS,
+    labels: np.ndarray = XOR_LABELS,
+) -> np.ndarray:
+    """Loss of a two-layer bias-free ReLU net on XOR-like data, as independent linear nets.
+
+    Point i is fitted by ``f(x_i) = v_i(t)``, the logistic with ``v(0) = w_init²·r_i``
+    (input weight and output weight both of size ``w_init``) and rate ``2 r_i |y_i| / n``,
+    from ``d v/dt = (2 r_i / n) v (|y_i| - v)``.
+    """
+    n = len(labels)
+    r = np.linalg.norm(points, axis=1)
+    total = 0.0
+    for ri, yi in zip(r, np.abs(labels)):
+        v = logistic_mode(t, yi, w_init**2 * ri, rate=2.0 * ri * yi / n)
+        total = total + (yi - v) ** 2
+    return total / (2.0 * n)
+
+
+def lazy_loss(t: np.ndarray, rates: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+    """Kernel-regime loss ``Σ_k c_k e^{-2 λ_k t}``."""
+    t = np.asarray(t, dtype=np.float64)
+    return sum(c * np.exp(-2.0 * lam * t) for lam, c in zip(rates, weights))
+
+
+def _table(schema, columns: dict) -> pa.Table:
+    import pyarrow as pa
+
+    n = len(next(iter(columns.values())))
+    arrays = []
+    for field in schema:
+        if field.name in columns:
+            arrays.append(pa.array(columns[field.name], type=field.type))
+        else:
+            arrays.append(pa.nulls(n, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def synthetic_sweep(
+    init_scales: Sequence[float] = tuple(np.logspace(-3, 0, 7)),
+    widths: Sequence[int] = (16, 64, 256),
+    depths: Sequence[int] = (2, 3),
+    seeds: Sequence[int] = (0, 1, 2),
+    noise_sigmas: Sequence[float] = (0.0,),
+    singular_values: Sequence[float] = (2.0,),
+    lr: float = 0.01,
+    steps: int = 10**5,
+    log_points: int = 100,
+    diverge: Callable[[float, int], bool] | None = None,
+    fail_first: bool = False,
+) -> dict[str, pa.Table]:
+    """``runs``, ``trajectories`` and ``layers`` of a sweep whose curves are closed forms.
+
+    Every run is a whitened depth-L linear net (:func:`deep_linear_loss`) with
+    balanced init ``u0 = min(α^L (1 + 0.1 seed), s_min / 2)``. Its order parameters
+    are made up but monotone and known: final ``kernel_distance = 1 / (1 + α² width / 4)``,
+    ``param_rel_change = 1 / (1 + α sqrt(width))``, both growing with the progress
+    ``1 - L(t)/L0``; ``transversal_grad_sq`` ends at ``σ² / depth``. Layers carry
+    top singular values ``u^(1/L)`` over a random bulk ``α (1, 0.5, 0.25)``.
+    ``diverge(α, width)`` marks runs diverged (trajectory cut at a quarter of the
+    steps with an infinite last loss); ``fail_first`` makes the first run failed.
+    The tables have the store's schemas (``storage.schema``), for ``Store.write_chunk``.
+    """
+    import json
+
+    from storage.schema import LAYERS, RUNS, TRAJECTORIES
+
+    t = logged_times(lr, steps, log_points)
+    step = np.round(t / lr).astype(np.int64)
+    runs: dict[str, list] = {
+        k: []
+        for k in (
+            "run_id",
+            "status",
+            "init_scale",
+            "width",
+            "depth",
+            "noise_sigma",
+            "lr",
+            "seed",
+            "activation",
+            "bias",
+            "parameterization",
+            "data_kind",
+            "steps",
+            "config",
+            "final_train_loss",
+            "initial_train_loss",
+            "final_step",
+            "final_time",
+            "error",
+        )
+    }
+    traj: dict[str, list] = {
+        k: []
+        for k in (
+            "run_id",
+            "step",
+            "time",
+            "train_loss",
+            "test_loss",
+            "param_rel_change",
+            "kernel_distance",
+            "transversal_grad_sq",
+        )
+    }
+    layers: dict[str, list] = {
+        k: []
+        for k in ("run_id", "step", "layer", "fro_norm", "rel_change", "top_sv", "delta_top_sv")
+    }
+    s = np.asarray(singular_values, dtype=np.float64)
+    k = 0
+    for depth in depths:
+        for width in widths:
+            for sigma in noise_sigmas:
+                for alpha in init_scales:
+                    for seed in seeds:
+                        rid = f"r{k:06d}"
+                        k += 1
+                        failed = fail_first and k == 1
+                        diverged = (not failed) and diverge is not None and diverge(alpha, width)
+                        u0 = min(alpha**depth * (1 + 0.1 * seed), s.min() / 2)
+                        loss = deep_linear_loss(t, s, u0, depth)
+                        progress = np.clip(1 - loss / loss[0], 0, 1)
+                        kd = progress / (1 + alpha**2 * width / 4)
+                        prc = progress / (1 + alpha * np.sqrt(width))
+                        tv = sigma**2 / depth * progress
+                        n = len(t)
+                        if diverged:
+                            n = int(np.searchsorted(step, steps // 4)) + 1
+                            loss = loss.copy()
+                            loss[n - 1] = np.inf
+                        status = "failed" if failed else "diverged" if diverged else "completed"
+                        cfg = {
+                            "model": {"depth": depth, "width": width, "init_scale": alpha},
+                            "train": {"lr": lr, "seed": seed},
+                        }
+                        for key, v in (
+                            ("run_id", rid),
+                            ("status", status),
+                            ("init_scale", float(alpha)),
+                            ("width", int(width)),
+                            ("depth", int(depth)),
+                            ("noise_sigma", float(sigma)),
+                            ("lr", lr),
+                            ("seed", int(seed)),
+                            ("activation", "linear"),
+                            ("bias", False),
+                            ("parameterization", "standard"),
+                            ("data_kind", "teacher"),
+                            ("steps", steps),
+                            ("config", json.dumps(cfg)),
+                            ("final_train_loss", None if failed else float(loss[n - 1])),
+                            ("initial_train_loss", None if failed else float(loss[0])),
+                            ("final_step", None if failed else int(step[n - 1])),
+                            ("final_time", None if failed else float(t[n - 1])),
+                            ("error", "synthetic failure" if failed else None),
+                        ):
+                            runs[key].append(v)
+                        if failed:
+                            continue
+                        traj["run_id"] += [rid] * n
+                        traj["step"] += step[:n].tolist()
+                        traj["time"] += t[:n].tolist()
+                        traj["train_loss"] += loss[:n].tolist()
+                        traj["test_loss"] += (loss[:n] * 1.1).tolist()
+                        traj["kernel_distance"] += kd[:n].tolist()
+                        traj["param_rel_change"] += prc[:n].tolist()
+                        traj["transversal_grad_sq"] += tv[:n].tolist()
+                        u = np.clip(s[0] - np.sqrt(np.maximum(2 * loss[:n], 0)), 0, None)
+                        u = np.nan_to_num(u, nan=0.0, posinf=0.0)
+                        for layer in range(1, depth + 1):
+                            lead = np.maximum(u, u0) ** (1.0 / depth)
+                            bulk = alpha * np.array([1.0, 0.5, 0.25])
+                            layers["run_id"] += [rid] * n
+                            layers["step"] += step[:n].tolist()
+                            layers["layer"] += [layer] * n
+                            layers["fro_norm"] += np.sqrt(lead**2 + (bulk**2).sum()).tolist()
+                            layers["rel_change"] += (lead / (alpha * 1.15)).tolist()
+                            layers["top_sv"] += [
+                                sorted([float(a + alpha), *bulk[1:].tolist()], reverse=True)
+                                for a in lead
+                            ]
+                            layers["delta_top_sv"] += [
+                                [float(a), float(a) * 1e-3, float(a) * 1e-4] for a in lead
+                            ]
+    return {
+        "runs": _table(RUNS, runs),
+        "trajectories": _table(TRAJECTORIES, traj),
+        "layers": _table(LAYERS, layers),
+    }

@@ -1,0 +1,90 @@
+"""Phase diagrams as one SQL query over the catalog views ``runs`` and ``summaries``.
+
+:func:`phase_diagram_sql` returns the exact query the heatmap draws, so it can be
+quoted (README) and run by hand: ``phasesweep query "$(python -c ...)"``.
+"""
+
+from __future__ import annotations
+
+#: Phase-diagram values: name -> column of ``summaries`` (final values per run).
+VALUES: dict[str, str] = {
+    "kernel_distance": "final_kernel_distance",
+    "param_rel_change": "final_param_rel_change",
+    "order_value": "order_value",
+    "escape_time": "escape_time",
+    "n_plateaus": "n_plateaus",
+    "act_flip_frac": "final_act_flip_frac",
+    "transversal_grad_sq": "final_transversal_grad_sq",
+    "test_loss": "final_test_loss",
+    "train_loss": "final_train_loss",
+    "loss_ratio": "loss_ratio",
+}
+
+#: ``runs`` columns that can be axes (or facets) of a phase diagram.
+AXES = (
+    "init_scale",
+    "width",
+    "depth",
+    "noise_sigma",
+    "lr",
+    "seed",
+    "activation",
+    "n_train",
+    "leaky_slope",
+    "input_dim",
+    "parameterization",
+    "data_kind",
+)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def phase_diagram_sql(
+    sweep: str,
+    x: str = "init_scale",
+    y: str = "width",
+    value: str = "kernel_distance",
+    *,
+    facet: str | None = None,
+    where: str | None = None,
+) -> str:
+    """The single query behind a phase diagram: one row per (facet,) x, y cell.
+
+    Columns: ``x``, ``y`` (and ``facet``), ``value`` = mean over the cell's completed
+    runs (its seeds) of the final ``value``, ``value_sd``, ``n_runs``,
+    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds`` and ``regime`` (the
+    most common regime of the cell). Diverged runs are counted, never averaged.
+    ``where``: an extra SQL condition on the ``runs`` columns (e.g. ``seed = 0``).
+    """
+    for name in (x, y, facet):
+        if name is not None and name not in AXES:
+            raise ValueError(f"unknown phase-diagram axis {name!r}; known: {list(AXES)}")
+    if value not in VALUES:
+        raise ValueError(f"unknown phase-diagram value {value!r}; known: {list(VALUES)}")
+    col = VALUES[value]
+    keys = ([f"r.{facet} AS facet"] if facet else []) + [f"r.{x} AS x", f"r.{y} AS y"]
+    group = (["facet"] if facet else []) + ["x", "y"]
+    cond = f"r.sweep = {_quote(sweep)}"
+    if where:
+        cond += (
+            f"\n  AND r.run_id IN (SELECT run_id FROM runs WHERE sweep = {_quote(sweep)}"
+            f" AND ({where}))"
+        )
+    return (
+        "SELECT " + ", ".join(keys) + ",\n"
+        f"       avg(s.{col}) FILTER (WHERE r.status = 'completed') AS value,\n"
+        f"       stddev_samp(s.{col}) FILTER (WHERE r.status = 'completed') AS value_sd,\n"
+        "       count(*) AS n_runs,\n"
+        "       count(*) FILTER (WHERE r.status = 'completed') AS n_completed,\n"
+        "       count(*) FILTER (WHERE r.status = 'diverged') AS n_diverged,\n"
+        "       count(*) FILTER (WHERE r.status = 'failed') AS n_failed,\n"
+        "       count(DISTINCT r.seed) AS n_seeds,\n"
+        "       mode(s.regime) AS regime\n"
+        "FROM runs AS r\n"
+        "LEFT JOIN summaries AS s ON s.sweep = r.sweep AND s.run_id = r.run_id\n"
+        f"WHERE {cond}\n"
+        f"GROUP BY {', '.join(group)}\n"
+        f"ORDER BY {', '.join(group)}"
+    )

@@ -1,0 +1,78 @@
+"""Regime of a run (lazy / rich / diverged / not_converged) from continuous order parameters.
+
+The label is a threshold on a continuous order parameter, and both the value and
+the threshold are stored beside it, so a phase diagram can be redrawn with any
+other threshold without re-running anything.
+
+Rules, in order (vectorized over runs):
+
+1. ``status == 'diverged'`` -> ``'diverged'``; ``status == 'failed'`` (no
+   trajectory) -> NULL.
+2. final / initial train loss above ``converged_loss_frac`` -> ``'not_converged'``
+   (a NULL ratio, i.e. no finite logged loss, -> NULL).
+3. Otherwise compare the order parameter's final value with ``lazy_threshold``:
+   below -> ``'lazy'``, at or above -> ``'rich'``. The order parameter is
+   ``order_parameter`` (``kernel_distance`` by default: 1 - cos(K_t, K_0) of the
+   empirical NTK); if it is NULL for a run (NTK not logged), the other one
+   (``param_rel_change``) is used with ``fallback_lazy_threshold`` (default: the
+   same threshold), and ``order_parameter`` in the summary says which one. If
+   both are NULL the regime is NULL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ORDER_PARAMETERS = ("kernel_distance", "param_rel_change")
+
+
+@dataclass(frozen=True)
+class RegimeResult:
+    regime: np.ndarray  # (R,) object: 'lazy' | 'rich' | 'diverged' | 'not_converged' | None
+    order_parameter: np.ndarray  # (R,) object: the parameter compared, or None
+    order_value: np.ndarray  # (R,) float (NaN: none)
+    threshold: np.ndarray  # (R,) float (NaN: none)
+
+
+def classify(
+    status: np.ndarray,
+    loss_ratio: np.ndarray,
+    kernel_distance: np.ndarray,
+    param_rel_change: np.ndarray,
+    *,
+    order_parameter: str = "kernel_distance",
+    lazy_threshold: float = 0.1,
+    fallback_lazy_threshold: float | None = None,
+    converged_loss_frac: float = 0.1,
+) -> RegimeResult:
+    """Regimes of R runs from their status, final/initial loss ratio and final order parameters."""
+    if order_parameter not in ORDER_PARAMETERS:
+        raise ValueError(f"order_parameter must be one of {ORDER_PARAMETERS}")
+    status = np.asarray(status, dtype=object)
+    ratio = np.asarray(loss_ratio, dtype=np.float64)
+    values = {
+        "kernel_distance": np.asarray(kernel_distance, dtype=np.float64),
+        "param_rel_change": np.asarray(param_rel_change, dtype=np.float64),
+    }
+    other = ORDER_PARAMETERS[1 - ORDER_PARAMETERS.index(order_parameter)]
+    fallback = lazy_threshold if fallback_lazy_threshold is None else fallback_lazy_threshold
+    primary = values[order_parameter]
+    use_primary = np.isfinite(primary)
+    use_other = ~use_primary & np.isfinite(values[other])
+    value = np.where(use_primary, primary, np.where(use_other, values[other], np.nan))
+    threshold = np.where(use_primary, lazy_threshold, np.where(use_other, fallback, np.nan))
+    name = np.where(use_primary, order_parameter, np.where(use_other, other, None)).astype(object)
+
+    n = len(status)
+    regime = np.full(n, None, dtype=object)
+    has_value = np.isfinite(value)
+    regime[has_value & (value < threshold)] = "lazy"
+    regime[has_value & (value >= threshold)] = "rich"
+    with np.errstate(invalid="ignore"):
+        regime[np.isfinite(ratio) & (ratio > converged_loss_frac)] = "not_converged"
+    regime[~np.isfinite(ratio) & (status != "diverged")] = None
+    regime[status == "failed"] = None
+    regime[status == "diverged"] = "diverged"
+    return RegimeResult(regime, name, value, threshold)

@@ -1,0 +1,130 @@
+"""Many runs' time series packed into flat numpy arrays (the shape every per-run metric uses).
+
+A :class:`Series` holds the logged points of many runs back to back, sorted by
+run and then by gradient-flow time; ``starts[r]:ends[r]`` is run ``r``'s slice.
+Per-run computations are vectorized over that layout (``np.*.reduceat``) instead
+of looping over runs in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Series:
+    """Logged points of ``len(run_ids)`` runs; rows sorted by (run, time)."""
+
+    run_ids: np.ndarray  # (R,) object: run ids, in the order of the slices
+    starts: np.ndarray  # (R,) int64: first row of each run
+    ends: np.ndarray  # (R,) int64: one past the last row of each run
+    time: np.ndarray  # (N,) float64: gradient-flow time
+    values: dict[str, np.ndarray]  # column -> (N,) float64
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.ends - self.starts
+
+    def run_index(self) -> np.ndarray:
+        """(N,) index of the run of every row."""
+        return np.repeat(np.arange(self.n_runs), self.lengths)
+
+    def select(self, column: str) -> Series:
+        """Only the rows where ``column`` and ``time`` are finite (per-run slices recomputed)."""
+        keep = np.isfinite(self.values[column]) & np.isfinite(self.time)
+        if keep.all():
+            return self
+        counts = segment_sum(keep.astype(np.int64), self.starts, self.ends)
+        ends = np.cumsum(counts)
+        return Series(
+            run_ids=self.run_ids,
+            starts=ends - counts,
+            ends=ends,
+            time=self.time[keep],
+            values={k: v[keep] for k, v in self.values.items()},
+        )
+
+    def run(self, r: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        s = slice(self.starts[r], self.ends[r])
+        return self.time[s], {k: v[s] for k, v in self.values.items()}
+
+
+def from_frame(df: pd.DataFrame, columns: list[str], run_ids: np.ndarray | None = None) -> Series:
+    """Pack a long frame with ``run_id``, ``time`` and ``columns`` into a :class:`Series`.
+
+    ``run_ids``: the runs (and their order) to include; runs without rows get an
+    empty slice. Default: the runs present in ``df``, sorted.
+    """
+    df = df.sort_values(["run_id", "time"], kind="stable")
+    present = df["run_id"].to_numpy(dtype=object)
+    if run_ids is None:
+        run_ids = pd.unique(present)
+    run_ids = np.asarray(run_ids, dtype=object)
+    codes = pd.Categorical(present, categories=run_ids).codes
+    keep = codes >= 0
+    order = np.argsort(codes[keep], kind="stable")
+    codes = codes[keep][order]
+    counts = np.bincount(codes, minlength=len(run_ids)).astype(np.int64)
+    ends = np.cumsum(counts)
+    values = {c: df[c].to_numpy(dtype=np.float64, na_value=np.nan)[keep][order] for c in columns}
+    return Series(
+        run_ids=run_ids,
+        starts=ends - counts,
+        ends=ends,
+        time=df["time"].to_numpy(dtype=np.float64, na_value=np.nan)[keep][order],
+        values=values,
+    )
+
+
+def segment_sum(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Sum of ``x[starts[r]:ends[r]]`` for every r (0 for an empty slice)."""
+    cs = np.concatenate([np.zeros(1, dtype=x.dtype), np.cumsum(x)])
+    return cs[ends] - cs[starts]
+
+
+def segment_last_true(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the last True of ``mask[starts[r]:ends[r]]`` for every r (-1 if none)."""
+    idx = np.where(mask, np.arange(len(mask)), -1)
+    run_max = np.maximum.accumulate(idx) if len(idx) else idx
+    out = np.full(len(starts), -1, dtype=np.int64)
+    has = ends > starts
+    cand = run_max[ends[has] - 1]
+    out[has] = np.where(cand >= starts[has], cand, -1)
+    return out
+
+
+def first(series: Series, column: str) -> np.ndarray:
+    """(R,) the first value of ``column`` per run (NaN for a run without rows)."""
+    out = np.full(series.n_runs, np.nan)
+    has = series.lengths > 0
+    out[has] = series.values[column][series.starts[has]]
+    return out
+
+
+def last(series: Series, column: str) -> np.ndarray:
+    """(R,) the last value of ``column`` per run (NaN for a run without rows)."""
+    out = np.full(series.n_runs, np.nan)
+    has = series.lengths > 0
+    out[has] = series.values[column][series.ends[has] - 1]
+    return out
+
+
+def last_finite(series: Series, column: str) -> np.ndarray:
+    """(R,) the last finite value of ``column`` per run (NaN if it has none)."""
+    return last(series.select(column), column)
+
+
+def last_time_finite(series: Series, column: str) -> np.ndarray:
+    """(R,) time of the last row with a finite ``column`` (NaN if none)."""
+    s = series.select(column)
+    out = np.full(s.n_runs, np.nan)
+    has = s.lengths > 0
+    out[has] = s.time[s.ends[has] - 1]
+    return out

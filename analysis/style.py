@@ -1,0 +1,115 @@
+"""One look for every phasesweep figure: seaborn theme, labels with units, saving.
+
+Importing this module selects matplotlib's non-interactive Agg backend, so
+figures render on headless machines and in Ray workers.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+#: Axis labels, with what the quantity is and its unit (most are dimensionless ratios).
+LABELS: dict[str, str] = {
+    "init_scale": "init scale α  (× the parameterization's init std)",
+    "width": "width  (hidden units per layer)",
+    "depth": "depth  (weight matrices)",
+    "noise_sigma": "noise σ  (std in the codimension)",
+    "lr": "learning rate η",
+    "seed": "seed",
+    "activation": "activation",
+    "n_train": "training points n",
+    "leaky_slope": "leaky-ReLU slope",
+    "time": "gradient-flow time t = Σ η",
+    "escape_time": "escape time t_esc  (gradient-flow time)",
+    "train_loss": "train loss  ½·mean ‖f(x) − y‖²",
+    "kernel_distance": "kernel distance 1 − cos(K_T, K_0)",
+    "param_rel_change": "relative parameter change ‖θ_T − θ_0‖ / ‖θ_0‖",
+    "order_value": "order parameter (final)",
+    "act_flip_frac": "fraction of flipped activations",
+    "transversal_grad_sq": "transversal variation  mean ‖P⊥ ∇ₓf‖²",
+    "n_plateaus": "plateaus per run",
+    "test_loss": "test loss (final)",
+    "train_loss_final": "train loss (final)",
+    "loss_ratio": "final / initial train loss",
+}
+
+#: Axes drawn on a log scale when their values are all positive.
+LOG_AXES = {"init_scale", "width", "lr", "n_train", "time", "escape_time", "noise_sigma"}
+
+SEQUENTIAL = "viridis"
+DIVERGED_COLOR = "#b0b0b0"
+NOT_CONVERGED_COLOR = "#e377c2"
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name.replace("_", " "))
+
+
+def short_label(name: str) -> str:
+    """The label without its parenthesised explanation (legends, titles)."""
+    return label(name).split("  (")[0]
+
+
+def fmt(v) -> str:
+    """A compact tick label for an axis value (1e-3, 0.032, 256, relu)."""
+    if isinstance(v, (str, bytes)) or v is None:
+        return str(v)
+    v = float(v)
+    if not np.isfinite(v):
+        return str(v)
+    if v == int(v) and abs(v) < 1e5:
+        return str(int(v))
+    if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e4):
+        m, e = f"{v:.1e}".split("e")
+        m = m.rstrip("0").rstrip(".")
+        return f"{m}e{int(e)}"
+    return f"{v:.2g}"
+
+
+@contextmanager
+def theme():
+    """The phasesweep style, for the duration of a ``with`` block."""
+    rc = {
+        "figure.dpi": 110,
+        "savefig.dpi": 150,
+        "savefig.bbox": "tight",
+        "axes.titlesize": 12,
+        "axes.labelsize": 11,
+        "legend.fontsize": 9,
+        "legend.title_fontsize": 10,
+        "xtick.labelsize": 9,
+        "ytick.labelsize": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "svg.fonttype": "none",
+        "font.family": "DejaVu Sans",
+    }
+    with sns.axes_style("ticks"), sns.plotting_context("notebook"), plt.rc_context(rc):
+        yield
+
+
+def palette(n: int) -> list:
+    """Categorical colours for n groups (depths, widths, ...)."""
+    return sns.color_palette("colorblind" if n <= 10 else "husl", n)
+
+
+def save(fig: plt.Figure, out_dir: Path | str, name: str) -> list[Path]:
+    """Write ``NAME.png`` and ``NAME.svg`` into ``out_dir``; close the figure; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "svg"):
+        p = out / f"{name}.{ext}"
+        fig.savefig(p, format=ext, metadata={"Date": None} if ext == "svg" else None)
+        paths.append(p)
+    plt.close(fig)
+    return paths
