@@ -1,8 +1,16 @@
 """Datasets: generated per member from its own seed, stacked along the ensemble axis.
 
 Every generator returns float64 CPU tensors; :func:`stack` moves them to the
-chunk's device and dtype. Inputs are never standardised (PITFALLS: it would
-erase the codimension of subspace data).
+chunk's device and dtype. Nothing is downloaded: every kind is generated, and
+``digits`` is the copy that ships inside scikit-learn. Inputs are never
+standardised except ``digits`` (PITFALLS: standardising would erase the
+codimension of subspace data).
+
+A member's data depend only on its data seed (``data.seed``, else its
+``train.seed``) and its config, never on the chunk it is packed into. Fields
+that may differ inside a chunk (``noise_sigma``, ``delta``, ``label_noise``)
+scale random draws that are made whatever their value, so changing one of them
+changes nothing else: the σ = 0 and σ = 0.1 datasets of a seed share z and ξ.
 
 Kinds (``data.kind``):
 
@@ -13,14 +21,51 @@ Kinds (``data.kind``):
   basis of a (randomly rotated, if ``rotate``) d_x-dimensional subspace; the
   noise lies in the codimension (``noise: codim``) or everywhere
   (``isotropic``); y = a smooth teacher (default tanh) of z alone.
+- ``symmetric`` (seed 004, Condition 3): pairs (x, −x) stored consecutively
+  (``group_size`` 2, so SGD minibatches keep pairs), x ~ N(0, I_d); labels
+  exactly odd, y(−x) = −y(x) bit for bit: the odd part of a teacher (default
+  tanh, which is odd already; the odd part of a relu teacher is linear).
+  ``whiten``: x ← x C^(-1/2) with C = (1/n) Σ x xᵀ of the training set, so the
+  training covariance is exactly the identity (up to rounding); the test set
+  gets the same map. The labels are computed from the whitened inputs.
+- ``perturbed_symmetric`` (seed 004 §6.2): symmetric data whose last training
+  point −x is moved to −x + δ‖x‖u, u a random unit vector ⟂ x (labels kept);
+  δ = 0 is exactly ``symmetric``. ``layout: paper``: the six points
+  [1,1], [−1,−1], [1,−1], [−1,1], [−1,0], [1,δ]. Seed 004 does not list their
+  labels; we use +1, −1, +1, −1, +1, −1 (odd at δ = 0, and no linear function
+  fits them, so a bias-free ReLU net has something nonlinear to learn once δ
+  breaks the symmetry).
+- ``orthogonal`` (seed 004 §4.2): n ≤ d pairwise orthogonal inputs (random
+  orthonormal directions) with labels +1, −1, +1, … ; +1 points have norms in
+  [1.5, 2.5], −1 points in [0.5, 1.5] (seed 004 Fig. 9: positive points are
+  larger). ``layout: paper``: Boursier et al.'s [2, 1] (+1) and [−0.5, 1] (−1).
+- ``xor`` (seed 004 §4.2): the four points u₂, 2u₁, −3u₂, −4u₁ with labels
+  +1, −1, +1, −1 (the two on the u₂ axis are +1), cycled to n points, plus
+  isotropic cluster noise of std ``noise_sigma``. ``layout: paper``: u₁, u₂ =
+  e₁, e₂, i.e. [0,1], [2,0], [0,−3], [−4,0]; ``random``: a random orthonormal pair.
+- ``digits``: scikit-learn's bundled 8×8 digits (64 features, 1797 images),
+  restricted to ``classes``; a random train/test split from the data seed;
+  features standardised with the training split's mean and std (pixels that are
+  constant on the training split are set to 0 everywhere). Two classes give
+  labels −1 (first listed) / +1 (second), more give one-hot labels.
+
+``layout: paper`` datasets have no distribution to draw a test set from: their
+test set cycles through the training points (so the probe set is the data).
+Orthogonal test points reuse the training directions with fresh norms.
+
+Label noise (any kind): Gaussian of std ``label_noise`` added to the training
+labels (test labels stay clean), drawn from its own stream. With
+``label_noise_symmetric`` the pair (x, −x) gets (+ε, −ε), so odd labels stay odd.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -66,6 +111,10 @@ def _randn(gen: torch.Generator, *shape: int) -> Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
+def _rand(gen: torch.Generator, *shape: int) -> Tensor:
+    return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+
 def _orthogonal(gen: torch.Generator, d: int) -> Tensor:
     q, r = torch.linalg.qr(_randn(gen, d, d))
     return q * torch.sign(torch.diagonal(r))  # Haar-distributed
@@ -92,6 +141,14 @@ def teacher_fn(
     w2 = _randn(gen, k, cfg.teacher_width) / math.sqrt(cfg.teacher_width)
     phi = {"linear": lambda z: z, "relu": torch.relu, "tanh": torch.tanh}[act]
     return lambda x: phi(x @ w1.T) @ w2.T
+
+
+def _cycle(t: Tensor, n: int) -> Tensor:
+    """Rows of ``t`` repeated cyclically to ``n`` rows."""
+    return t[torch.arange(n) % t.shape[0]]
+
+
+# -- teacher and subspace ------------------------------------------------------------------
 
 
 def _teacher(cfg: DataConfig, gen: torch.Generator) -> Dataset:
@@ -123,10 +180,159 @@ def _subspace(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     return Dataset(x_tr, y_tr, x_te, y_te, codim_basis=v)
 
 
+# -- symmetric data (seed 004) ---------------------------------------------------------------
+
+
+def _pairs(z: Tensor) -> Tensor:
+    """(h, …) → (2h, …): z₀, −z₀, z₁, −z₁, … (the negation is exact)."""
+    return torch.stack([z, -z], 1).reshape(-1, *z.shape[1:])
+
+
+def _whiten(z: Tensor, *others: Tensor) -> list[Tensor]:
+    """Whiten z (h, d) so that zᵀz / h = I, and map ``others`` the same way.
+
+    With z = U S Vᵀ (thin SVD) the map is M = √h V S⁻¹ Vᵀ = C^(-1/2), C = zᵀz / h.
+    z itself becomes √h U Vᵀ, computed from the orthonormal U directly: the
+    identity then holds to rounding whatever the condition number of C.
+    """
+    h = z.shape[0]
+    u, s, vh = torch.linalg.svd(z, full_matrices=False)
+    if float(s.min()) <= 1e-10 * float(s.max()):
+        raise ValueError("whiten: the training inputs do not span the input space")
+    m = (vh.T / s) @ vh * math.sqrt(h)
+    return [math.sqrt(h) * u @ vh] + [o @ m for o in others]
+
+
+def _symmetric(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    d = cfg.input_dim
+    h_tr, h_te = cfg.n_train // 2, (cfg.n_test + 1) // 2
+    z_tr, z_te = _randn(gen, h_tr, d), _randn(gen, h_te, d)
+    f = teacher_fn(cfg, gen, d, "tanh")
+    if cfg.whiten:
+        z_tr, z_te = _whiten(z_tr, z_te)
+
+    def odd(z: Tensor) -> Tensor:
+        return 0.5 * (f(z) - f(-z))
+
+    return Dataset(
+        _pairs(z_tr),
+        _pairs(odd(z_tr)),
+        _pairs(z_te)[: cfg.n_test],
+        _pairs(odd(z_te))[: cfg.n_test],
+        group_size=2,
+    )
+
+
+#: seed 004 Fig. 6 (the last point gets δ in its second coordinate).
+_PAPER_PERTURBED_X = ((1.0, 1.0), (-1.0, -1.0), (1.0, -1.0), (-1.0, 1.0), (-1.0, 0.0), (1.0, 0.0))
+_PAPER_PERTURBED_Y = (1.0, -1.0, 1.0, -1.0, 1.0, -1.0)
+
+
+def _perturbed_symmetric(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    if cfg.layout == "paper":
+        x = torch.tensor(_PAPER_PERTURBED_X, dtype=torch.float64)
+        y = torch.tensor(_PAPER_PERTURBED_Y, dtype=torch.float64).unsqueeze(1)
+        if cfg.whiten:
+            (half,) = _whiten(x[0::2])
+            x = _pairs(half)
+        x[-1] += cfg.delta * x[-1].norm() * torch.tensor([0.0, 1.0], dtype=torch.float64)
+        return Dataset(x, y, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test), group_size=2)
+    ds = _symmetric(cfg, gen)
+    x = ds.x_train[-1]
+    u = _randn(gen, cfg.input_dim)
+    u = u - (u @ x) / (x @ x) * x
+    u = u / u.norm()
+    if cfg.delta > 0:
+        ds.x_train[-1] = x + cfg.delta * x.norm() * u
+    return ds
+
+
+# -- orthogonal and XOR data (seed 004 §4.2) ------------------------------------------------
+
+
+def _orthogonal_data(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    if cfg.layout == "paper":
+        x = torch.tensor([[2.0, 1.0], [-0.5, 1.0]], dtype=torch.float64)
+        y = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+        return Dataset(x, y, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test))
+    n = cfg.n_train
+    dirs = _orthogonal(gen, cfg.input_dim)[:, :n].T  # (n, d), orthonormal rows
+    labels = torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0).to(torch.float64)
+
+    def norms(lab: Tensor) -> Tensor:  # +1: [1.5, 2.5], −1: [0.5, 1.5]
+        return 1.0 + 0.5 * lab + _rand(gen, len(lab))
+
+    x_tr = dirs * norms(labels).unsqueeze(1)
+    lab_te = _cycle(labels, cfg.n_test)
+    x_te = _cycle(dirs, cfg.n_test) * norms(lab_te).unsqueeze(1)
+    return Dataset(x_tr, labels.unsqueeze(1), x_te, lab_te.unsqueeze(1))
+
+
+def _xor(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    d = cfg.input_dim
+    if cfg.layout == "paper":
+        u1, u2 = torch.eye(d, dtype=torch.float64)[:2]
+    else:
+        u1, u2 = _orthogonal(gen, d).T[:2]
+    centers = torch.stack([u2, 2 * u1, -3 * u2, -4 * u1])
+    labels = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=torch.float64)
+
+    def sample(n: int) -> tuple[Tensor, Tensor]:
+        noise = _randn(gen, n, d)
+        x = _cycle(centers, n)
+        if cfg.noise_sigma > 0:
+            x = x + cfg.noise_sigma * noise
+        return x, _cycle(labels, n)
+
+    x_tr, y_tr = sample(cfg.n_train)
+    x_te, y_te = sample(cfg.n_test)
+    return Dataset(x_tr, y_tr, x_te, y_te)
+
+
+# -- digits ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return bunch.data.astype(np.float64), bunch.target.astype(np.int64)
+
+
+def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    images, target = _load_digits()
+    classes = list(range(10)) if cfg.classes is None else list(cfg.classes)
+    idx = np.flatnonzero(np.isin(target, classes))
+    perm = torch.randperm(len(idx), generator=gen).numpy()
+    tr, te = idx[perm[: cfg.n_train]], idx[perm[cfg.n_train : cfg.n_train + cfg.n_test]]
+    x_tr, x_te = torch.from_numpy(images[tr].copy()), torch.from_numpy(images[te].copy())
+    mean, std = x_tr.mean(0), x_tr.std(0, correction=0)
+    live = std > 0
+    scale = torch.where(live, std, torch.ones_like(std))
+    x_tr = torch.where(live, (x_tr - mean) / scale, 0.0)
+    x_te = torch.where(live, (x_te - mean) / scale, 0.0)
+
+    def labels(rows: np.ndarray) -> Tensor:
+        t = torch.from_numpy(target[rows])
+        if len(classes) == 2:
+            return torch.where(t == classes[1], 1.0, -1.0).to(torch.float64).unsqueeze(1)
+        return (t.unsqueeze(1) == torch.tensor(classes)).to(torch.float64)
+
+    return Dataset(x_tr, labels(tr), x_te, labels(te))
+
+
+# -- registry --------------------------------------------------------------------------------
+
 #: data.kind → generator(cfg, gen) -> Dataset
 GENERATORS: dict[str, Callable[[DataConfig, torch.Generator], Dataset]] = {
     "teacher": _teacher,
     "subspace": _subspace,
+    "symmetric": _symmetric,
+    "perturbed_symmetric": _perturbed_symmetric,
+    "orthogonal": _orthogonal_data,
+    "xor": _xor,
+    "digits": _digits,
 }
 
 
@@ -135,13 +341,26 @@ def data_seed(cfg: DataConfig, train_seed: int) -> int:
     return train_seed if cfg.seed is None else cfg.seed
 
 
+def _add_label_noise(ds: Dataset, cfg: DataConfig, gen: torch.Generator) -> None:
+    y = ds.y_train
+    if cfg.label_noise_symmetric:
+        eps = cfg.label_noise * _randn(gen, y.shape[0] // 2, y.shape[1])
+        first = y[0::2] + eps
+        ds.y_train = _pairs(first)  # y(−x) + (−ε) = −(y(x) + ε), exactly
+    else:
+        ds.y_train = y + cfg.label_noise * _randn(gen, *y.shape)
+
+
 def make_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """One member's dataset from its data seed."""
     try:
         make = GENERATORS[cfg.kind]
     except KeyError:
         raise NotImplementedError(f"data.kind {cfg.kind!r} has no generator yet") from None
-    return make(cfg, generator(seed, "data"))
+    ds = make(cfg, generator(seed, "data"))
+    if cfg.label_noise > 0:
+        _add_label_noise(ds, cfg, generator(seed, "label_noise"))
+    return ds
 
 
 def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device | str) -> DataBatch:

@@ -10,10 +10,14 @@ Schemes (``model.init``):
   sets: ``fan_in`` — std = g · the parameterization's own std; ``entry_std`` —
   std = g; ``frobenius`` — each layer rescaled to ‖W_l(0)‖_F = g.
 - ``balanced``: aligned rank one, W_l = g · u_l u_{l−1}ᵀ with random unit vectors
-  u, so W_{l+1}ᵀW_{l+1} = W_l W_lᵀ exactly and ‖W_l‖_F = g.
+  u, so W_{l+1}ᵀW_{l+1} = W_l W_lᵀ exactly and ‖W_l‖_F = g (``init_norm`` is
+  not used: balance needs equal layer norms).
 - ``antisymmetric``: gaussian, then the second half of the last hidden layer
   copies the first half and the output layer sees the two halves with opposite
-  signs, so the output is exactly 0 at init (the doubling trick).
+  signs, so the output is 0 at init (the doubling trick). It is 0 in exact
+  arithmetic; a float matmul sums the ± terms in its own order, so the computed
+  output is 0 up to rounding (|f| ≤ m·u·Σ_j |a_j h_j|, u the unit roundoff).
+  The mirroring precedes the scaling, so ``frobenius`` still gives ‖W_l‖_F = g.
 
 ``layer_scales`` multiplies layer l by its entry afterwards (unbalanced init).
 Biases start at zero.
@@ -43,20 +47,21 @@ def _member_weights(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch
         units = [_unit(n, gen) for n in dims]
         weights = [g * torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
     else:
-        weights = []
-        for l in range(1, len(dims)):
-            w = torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)
+        weights = [
+            torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)
+            for l in range(1, len(dims))
+        ]
+        if cfg.init == "antisymmetric":  # mirror before scaling, so frobenius stays exact
+            half = dims[-2] // 2
+            weights[-2][half:] = weights[-2][:half]
+            weights[-1][:, half:] = -weights[-1][:, :half]
+        for l, w in enumerate(weights, start=1):
             if cfg.init_norm == "fan_in":
                 w *= g * net.base_std(l)
             elif cfg.init_norm == "entry_std":
                 w *= g
             else:
                 w *= g / w.norm()
-            weights.append(w)
-        if cfg.init == "antisymmetric":
-            half = dims[-2] // 2
-            weights[-2][half:] = weights[-2][:half]
-            weights[-1][:, half:] = -weights[-1][:, :half]
     if cfg.layer_scales is not None:
         weights = [w * s for w, s in zip(weights, cfg.layer_scales)]
     return weights

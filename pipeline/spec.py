@@ -231,6 +231,11 @@ class TrainConfig(_Section):
     lr_schedule: Literal["constant", "cosine", "norm_adaptive"] = "constant"
     lr_min_frac: NonNegativeFloat = 0.0
     lr_c: PositiveFloat = 1.0
+    #: norm_adaptive: the norm in the rule: ``total`` ||theta||, or ``layer_rms``
+    #: ||theta||/sqrt(depth), the size of one layer of a balanced net. The Hessian of a
+    #: depth-L homogeneous net with layers of size r scales like r^(L-2), so with
+    #: ``layer_rms`` one lr_c is equally stable at every depth.
+    lr_norm: Literal["total", "layer_rms"] = "total"
     lr_scaling: LrScaling = LrScaling()
     steps: PositiveInt = 5000
     log_points: Annotated[int, Field(ge=2)] = 100

@@ -124,9 +124,12 @@ class ChunkTrainer:
         if t.lr_schedule == "cosine":
             frac = t.lr_min_frac + (1 - t.lr_min_frac) * 0.5 * (1 + math.cos(math.pi * k / t.steps))
             return self.lr * frac
-        # norm-adaptive: η = min(η_max, c ‖θ‖^(2−L))
+        # norm-adaptive: η = min(η_max, c ‖θ‖^(2−L)), ‖θ‖/√L for lr_norm layer_rms
+        depth = self.net.depth
         norm = params.sq_norm().sqrt()
-        return torch.minimum(self.lr, t.lr_c * norm.pow(2 - self.net.depth))
+        if t.lr_norm == "layer_rms":
+            norm = norm / math.sqrt(depth)
+        return torch.minimum(self.lr, t.lr_c * norm.pow(2 - depth))
 
     # -- minibatches ---------------------------------------------------------------------
     def _minibatch(self, k: int) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,195 @@
+"""Init schemes against independent properties: realised Frobenius norms, entry std within
+sampling error, exact balance, antisymmetric output 0 (to rounding), per-layer scales,
+reproducibility from seeds, member independence, and runs.init_fro_norms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.grid import expand, make_chunks
+from pipeline.init import init_params
+from pipeline.models import EnsembleMLP
+from pipeline.spec import ModelConfig, SpecError, validate_spec
+from pipeline.trainer import ChunkTrainer, train_chunk
+
+torch.set_num_threads(1)
+U = torch.finfo(torch.float64).eps / 2  # unit roundoff
+
+
+def _init(cfg: ModelConfig, seeds=(0,), d_in=7, d_out=3):
+    net = EnsembleMLP(cfg, d_in, d_out)
+    return net, init_params(net, [cfg] * len(seeds), list(seeds))
+
+
+def _spec(model: dict, grid: dict | None = None, data: dict | None = None):
+    return validate_spec(
+        {
+            "name": "init",
+            "model": model,
+            "data": data or {"kind": "teacher", "n_train": 16, "n_test": 8, "input_dim": 7},
+            "train": {"steps": 1, "lr": 0.01, "log_points": 2},
+            "metrics": {"probe_size": 4, "ntk": False},
+            "grid": grid or {},
+        }
+    )
+
+
+@pytest.mark.parametrize("init", ["gaussian", "antisymmetric"])
+@pytest.mark.parametrize("param", ["standard", "ntk", "mean_field"])
+def test_frobenius_sets_every_layer_norm(init, param):
+    cfg = ModelConfig(
+        depth=4, width=16, init=init, init_norm="frobenius", init_scale=0.37, parameterization=param
+    )
+    _, params = _init(cfg, seeds=(0, 1))
+    for w in params.weights:
+        norms = w.reshape(2, -1).norm(dim=1)
+        assert torch.allclose(norms, torch.full((2,), 0.37, dtype=torch.float64), rtol=1e-14)
+
+
+def test_layer_scales_multiply_layer_norms():
+    cfg = ModelConfig(
+        depth=3, width=10, init_norm="frobenius", init_scale=2.0, layer_scales=[1.0, 0.1, 5.0]
+    )
+    _, params = _init(cfg)
+    norms = [float(w.norm()) for w in params.weights]
+    assert norms == pytest.approx([2.0, 0.2, 10.0], rel=1e-14)
+    with pytest.raises(SpecError) as e:
+        _spec({"depth": 3, "layer_scales": [1.0, 2.0]})
+    assert "layer_scales" in e.value.reason
+
+
+@pytest.mark.parametrize("param", ["standard", "ntk"])
+def test_entry_std_within_sampling_error(param):
+    g = 0.05
+    cfg = ModelConfig(
+        depth=3, width=200, init_norm="entry_std", init_scale=g, parameterization=param
+    )
+    _, params = _init(cfg, d_in=50, d_out=20)
+    for w in params.weights:
+        n = w.numel()
+        # the sample std of n Gaussian entries has relative standard error 1/sqrt(2n)
+        assert abs(float(w.std()) / g - 1) < 5 / math.sqrt(2 * n)
+        assert abs(float(w.mean())) < 5 * g / math.sqrt(n)
+
+
+def test_fan_in_std_follows_the_parameterization():
+    g = 1.7
+    for param, fan_in_std in [("standard", True), ("ntk", False), ("mean_field", False)]:
+        cfg = ModelConfig(depth=2, width=400, init_scale=g, parameterization=param)
+        _, params = _init(cfg, d_in=100, d_out=30)
+        for w, fan_in in zip(params.weights, (100, 400)):
+            want = g / math.sqrt(fan_in) if fan_in_std else g
+            assert abs(float(w.std()) / want - 1) < 5 / math.sqrt(2 * w.numel()), param
+
+
+@pytest.mark.parametrize("depth", [2, 3, 5])
+def test_balanced_init_is_exactly_balanced_rank_one(depth):
+    g = 0.3
+    cfg = ModelConfig(depth=depth, width=12, init="balanced", init_scale=g, activation="linear")
+    _, params = _init(cfg, seeds=(4,))
+    ws = [w[0] for w in params.weights]
+    for l in range(depth - 1):
+        d = ws[l + 1].T @ ws[l + 1] - ws[l] @ ws[l].T
+        assert d.abs().max() < 8 * U * g * g
+    for w in ws:
+        sv = torch.linalg.svdvals(w)
+        assert float(sv[0]) == pytest.approx(g, rel=1e-13)
+        if len(sv) > 1:
+            assert float(sv[1]) < 1e-14
+        assert float(w.norm()) == pytest.approx(g, rel=1e-14)
+
+
+@pytest.mark.parametrize(
+    "depth,act,width", [(2, "relu", 64), (3, "tanh", 32), (4, "leaky_relu", 256)]
+)
+def test_antisymmetric_output_is_zero_to_rounding(depth, act, width):
+    cfg = ModelConfig(
+        depth=depth, width=width, init="antisymmetric", activation=act, init_scale=2.0
+    )
+    net, params = _init(cfg, seeds=(0, 1, 2), d_in=10, d_out=2)
+    x = torch.randn(3, 50, 10, dtype=torch.float64)
+    fwd = net.forward(params, x)
+    h = fwd.post[-1]  # last hidden activations (E, n, m)
+    half = width // 2
+    # the mirrored halves of the last hidden layer are the same numbers
+    assert torch.allclose(h[..., half:], h[..., :half], rtol=4 * width * U, atol=0)
+    # output = c Σ_j a_j h_j: 0 in exact arithmetic; a float sum of m terms errs by at most
+    # (m-1)·u·Σ|terms| (+ the O(m·u) difference between the mirrored activations)
+    a = params.weights[-1]  # (E, k, m)
+    terms = torch.einsum("enm,ekm->enkm", h.abs(), a.abs()).sum(-1) * net.multipliers[-1]
+    assert (fwd.output.abs() <= 4 * width * U * terms).all()
+    assert terms.min() > 0  # a genuine cancellation, not a dead net
+    # without the mirroring the output is O(1)
+    plain = init_params(net, [cfg.model_copy(update={"init": "gaussian"})] * 3, [0, 1, 2])
+    assert net(plain, x).abs().max() > 0.1
+
+
+def test_antisymmetric_initial_loss_is_the_label_energy():
+    spec = _spec({"depth": 2, "width": 64, "init": "antisymmetric", "init_scale": 3.0})
+    (chunk,) = make_chunks(expand(spec), spec)
+    trainer = ChunkTrainer(chunk)
+    y = trainer.batch.y_train
+    runs = train_chunk(chunk)["runs"].to_pandas()
+    want = float(0.5 * y.square().sum() / y.shape[1])
+    assert runs.initial_train_loss[0] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("init", ["gaussian", "balanced", "antisymmetric"])
+def test_reproducible_from_the_seed(init):
+    cfg = ModelConfig(depth=3, width=8, init=init)
+    _, a = _init(cfg, seeds=(5, 6))
+    _, b = _init(cfg, seeds=(5, 6))
+    for wa, wb in zip(a.weights, b.weights):
+        assert torch.equal(wa, wb)
+        assert not torch.equal(wa[0], wa[1])
+
+
+def test_member_init_independent_of_chunk_composition():
+    spec = _spec(
+        {"depth": 3, "width": 8, "bias": True},
+        grid={
+            "init_scale": [0.01, 1.0],
+            "seed": [0, 1, 2],
+            "model.layer_scales": [[1, 1, 1], [2, 1, 0.5]],
+        },
+    )
+    points = expand(spec)
+    (chunk,) = make_chunks(points, spec)
+    together = ChunkTrainer(chunk).params0
+    for i, p in enumerate(points):
+        alone = ChunkTrainer(make_chunks([p], spec)[0]).params0
+        for wt, wa in zip(together.tensors(), alone.tensors()):
+            assert torch.equal(wt[i], wa[0]), p.coords
+
+
+@pytest.mark.parametrize(
+    "model,expected",
+    [
+        (
+            {"init_norm": "frobenius", "init_scale": 0.5, "layer_scales": [1.0, 2.0, 4.0]},
+            [0.5, 1.0, 2.0],
+        ),
+        ({"init": "balanced", "init_scale": 0.25}, [0.25, 0.25, 0.25]),
+    ],
+)
+def test_runs_store_the_realised_init_fro_norms(model, expected):
+    spec = _spec({"depth": 3, "width": 6, **model}, grid={"seed": [0, 1]})
+    (chunk,) = make_chunks(expand(spec), spec)
+    runs = train_chunk(chunk)["runs"].to_pandas()
+    for norms in runs.init_fro_norms:
+        np.testing.assert_allclose(list(norms), expected, rtol=1e-13)
+
+
+def test_runs_fro_norms_of_fan_in_init_match_the_weights():
+    spec = _spec({"depth": 3, "width": 20, "init_scale": 0.1}, grid={"seed": [0, 1]})
+    (chunk,) = make_chunks(expand(spec), spec)
+    trainer = ChunkTrainer(chunk)
+    want = np.stack([w.reshape(2, -1).norm(dim=1).numpy() for w in trainer.params0.weights], 1)
+    runs = train_chunk(chunk)["runs"].to_pandas()
+    np.testing.assert_allclose(np.stack(runs.init_fro_norms.to_numpy()), want, rtol=1e-14)
+    # NTK param, entries ~ N(0, 0.1²): ||W_l||_F ≈ 0.1·sqrt(fan_in·fan_out)
+    np.testing.assert_allclose(want[0], 0.1 * np.sqrt([20 * 7, 20 * 20, 1 * 20]), rtol=0.25)
