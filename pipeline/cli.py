@@ -283,7 +283,10 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.spec import SpecError
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return int(e.code or 0)
     try:
         return COMMANDS[args.command](args)
     except SpecError as e:

@@ -169,6 +169,7 @@ def run_chunks(
     if not chunks:
         return outcome
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new console output ignores verbose=0
     os.environ.setdefault("TUNE_RESULT_BUFFER_LENGTH", "1")
     _ray_init(address)
     n_points = sum(len(c.points) for c in chunks)

@@ -318,6 +318,7 @@ class ChunkTrainer:
             "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
             "chunk_size": np.full(E, E),
             "chunk_wall_seconds": np.full(E, wall),
+            "torch_threads": np.full(E, torch.get_num_threads()),
         }
         for j, name in enumerate(CROSSING_COLUMNS):
             cols[name] = final["crossing"][:, j]

@@ -63,6 +63,7 @@ RUNS = pa.schema(
         ("chunk_size", I64),
         ("chunk_wall_seconds", F64),
         ("error", pa.string()),  # message of a failed run, else NULL
+        ("torch_threads", I64),  # intra-op threads the trial trained with (= its CPUs)
     ]
 )
 

@@ -37,9 +37,11 @@ _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _TABLES = {**schema.CHUNK_TABLES, **schema.ANALYSIS_TABLES}
 
 
-def resolve_store_uri(uri: str | None) -> str:
+def resolve_store_uri(uri: str | os.PathLike[str] | None) -> str:
     """``uri`` if given, else ``$PHASESWEEP_STORE``, else ``./results``."""
-    return uri or os.environ.get("PHASESWEEP_STORE") or DEFAULT_STORE
+    if uri is not None:
+        return os.fspath(uri)
+    return os.environ.get("PHASESWEEP_STORE") or DEFAULT_STORE
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Store:
     root: str
 
     @classmethod
-    def open(cls, uri: str | None = None) -> Store:
+    def open(cls, uri: str | os.PathLike[str] | None = None) -> Store:
         """Open a store (creates nothing): a local path, ``file://PATH`` or ``s3://BUCKET/PREFIX``.
 
         ``None`` resolves through ``resolve_store_uri``. For S3 the endpoint is

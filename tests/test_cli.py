@@ -1,0 +1,261 @@
+"""The command line: bad input, dry run, run/resume/status/query, crash and retry behaviour."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+from storage import Store, run_query
+
+TINY = {
+    "name": "tiny",
+    "model": {"depth": 2, "width": 8},
+    "data": {"n_train": 8, "n_test": 8, "input_dim": 3},
+    "train": {"steps": 20, "log_points": 5},
+    "metrics": {"probe_size": 4},
+    "execution": {"max_chunk_size": 3},
+    "grid": {"init_scale": [0.5, 1.0], "seed": [0, 1, 2]},
+}
+
+
+def write_spec(tmp_path: Path, spec: dict | str, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
+    return path
+
+
+def _with(base: dict, dotted: str, value) -> dict:
+    spec = json.loads(json.dumps(base))
+    node = spec
+    *parents, last = dotted.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return spec
+
+
+BAD_SPECS = [
+    ("model.foo", 3, "model.foo", "unknown key"),
+    ("model.width", "abc", "model.width", "'abc'"),
+    ("model.width", -3, "model.width", "-3"),
+    ("model.activation", "swish", "model.activation", "'swish'"),
+    ("grid.width", [], "grid.width", "empty grid axis"),
+    ("grid.width", [16, -4], "grid.width", "-4"),
+    ("grid.nonsense", [1, 2], "grid.nonsense", "unknown axis"),
+    ("name", "Bad Name", "name", "'Bad Name'"),
+    ("train.lr", "fast", "train.lr", "'fast'"),
+    ("data.kind", "imagenet", "data.kind", "'imagenet'"),
+    ("grid.init_scale", {"logspace": [-3, 1]}, "grid.init_scale", "logspace"),
+]
+
+
+@pytest.mark.parametrize("key,value,named,shown", BAD_SPECS)
+def test_bad_spec_exits_2_names_key_and_value_writes_nothing(
+    tmp_path, capsys, key, value, named, shown
+):
+    store = tmp_path / "store"
+    spec = write_spec(tmp_path, _with(TINY, key, value))
+    assert main(["run", str(spec), "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and shown in err, err
+    assert not store.exists()
+
+
+def test_malformed_yaml_and_bad_override(tmp_path, capsys):
+    store = tmp_path / "store"
+    bad = write_spec(tmp_path, "name: x\nmodel: {depth: [1,\n", "bad.yaml")
+    assert main(["run", str(bad), "--store", str(store)]) == 2
+    assert "malformed YAML" in capsys.readouterr().err
+    spec = write_spec(tmp_path, TINY)
+    assert main(["run", str(spec), "--store", str(store), "--set", "train.steps"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["run", str(spec), "--store", str(store), "--set", "train.steps=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps" in err and "-1" in err
+    assert main(["run", str(spec), "--store", str(store), "--cpus-per-trial", "0"]) == 2
+    assert not store.exists()
+
+
+def test_dry_run_reports_points_chunks_memory_and_work(tmp_path, capsys):
+    store = tmp_path / "store"
+    spec = write_spec(tmp_path, TINY)
+    assert (
+        main(["run", str(spec), "--store", str(store), "--dry-run", "--set", "grid.seed=[0,1,2,3]"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "8 points" in out and "in 3 chunks" in out
+    assert "MiB" in out and "TFLOP" in out
+    assert not store.exists()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+def _count(store, sql):
+    return run_query(store, sql)[1][0][0]
+
+
+def test_run_resume_status_query(tmp_path, capsys, ray_local):
+    store = tmp_path / "store"
+    spec = write_spec(tmp_path, TINY)
+    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
+    assert "skipping 0" in capsys.readouterr().err
+    assert _count(store, "SELECT count(*) FROM runs WHERE status = 'completed'") == 6
+    assert _count(store, "SELECT count(DISTINCT step) FROM trajectories") == 5
+    # relaunch: everything skipped; a grown grid trains only the new points
+    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
+    assert "skipping 6 already stored; training 0" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "run",
+                str(spec),
+                "--store",
+                str(store),
+                "--no-progress",
+                "--set",
+                "grid.seed=[0,1,2,3]",
+            ]
+        )
+        == 0
+    )
+    assert "skipping 6 already stored; training 2" in capsys.readouterr().err
+    assert _count(store, "SELECT count(*) FROM runs") == 8
+    assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 8
+    assert _count(store, "SELECT count(*) - count(DISTINCT (run_id, step)) FROM trajectories") == 0
+    # status and query
+    assert main(["status", "tiny", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "completed" in out and "8 of 8 points done" in out
+    assert (
+        main(["query", "SELECT count(*) AS n FROM runs", "--store", str(store), "--format", "json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out) == [{"n": 8}]
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    assert main(["query", "DELETE FROM runs", "--store", str(store)]) == 2
+    assert main(["query", f"COPY runs TO '{store}/runs/x.parquet'", "--store", str(store)]) == 2
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+
+
+def _cli(args, env_extra=None, **kw):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_crash_midway_loses_and_duplicates_nothing(tmp_path):
+    """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
+    store = tmp_path / "store"
+    spec = write_spec(
+        tmp_path, _with(_with(TINY, "execution.max_chunk_size", 1), "train.steps", 3000)
+    )
+    proc = _cli(["run", str(spec), "--store", str(store), "--no-progress"], start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list((store / "runs").rglob("*.parquet"))) < 2:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    committed = len(Store.open(str(store)).done_run_ids("tiny"))
+    assert 2 <= committed < 6
+    done = _cli(["run", str(spec), "--store", str(store), "--no-progress"])
+    _, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err
+    assert f"skipping {committed} already stored" in err
+    assert _count(store, "SELECT count(*) FROM runs") == 6
+    assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 6
+    assert _count(store, "SELECT count(*) - count(DISTINCT (run_id, step)) FROM trajectories") == 0
+    assert _count(store, "SELECT count(DISTINCT run_id) FROM trajectories") == 6
+    assert not list(store.rglob("*.tmp")) or all(
+        p.name.startswith(".") for p in store.rglob("*.tmp")
+    )
+
+
+def test_failed_points_exit_1_then_relaunch_completes(tmp_path):
+    store = tmp_path / "store"
+    spec = write_spec(tmp_path, TINY)
+    from pipeline.grid import expand
+    from pipeline.spec import load_spec
+
+    victim = expand(load_spec(spec)[0])[0].run_id
+    tune_tmp = Path(
+        tempfile.mkdtemp(prefix="ps", dir="/tmp")
+    )  # short: Ray's socket paths live here
+    proc = _cli(
+        [
+            "run",
+            str(spec),
+            "--store",
+            str(store),
+            "--no-progress",
+            "--max-retries",
+            "1",
+            "--cpus-per-trial",
+            "2",
+        ],
+        env_extra={"PHASESWEEP_INJECT_FAILURE": victim, "TMPDIR": str(tune_tmp)},
+    )
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    assert "failed 3" in err and "injected a failure" in err
+    names, rows = run_query(
+        store, "SELECT status, count(*) FROM runs GROUP BY status ORDER BY status"
+    )
+    assert rows == [("completed", 3), ("failed", 3)]
+    assert (
+        _count(
+            store,
+            f"SELECT count(*) FROM runs WHERE run_id = '{victim}' AND error LIKE '%injected%'",
+        )
+        == 1
+    )
+    # Tune's experiment directory does not outlive the run
+    assert not [p for p in tune_tmp.iterdir() if p.name.startswith("phasesweep-tune-")]
+    # threads per trial = CPUs Ray gave it
+    assert _count(store, "SELECT min(torch_threads) FROM runs WHERE status = 'completed'") == 2
+
+    again = _cli(["run", str(spec), "--store", str(store), "--no-progress"])
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert "skipping 3 already stored; training 3" in err
+    names, rows = run_query(store, "SELECT status, count(*) FROM runs GROUP BY status")
+    assert rows == [("completed", 6)]
+    assert _count(store, "SELECT min(torch_threads) FROM runs") == 1
+    shutil.rmtree(tune_tmp, ignore_errors=True)
+
+
+def test_progress_display_shows_points_rate_and_eta(tmp_path):
+    store = tmp_path / "store"
+    spec = write_spec(tmp_path, TINY)
+    proc = _cli(["run", str(spec), "--store", str(store)])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert (
+        "6/6" in err and ("pt/s" in err or "s/pt" in err) and "<00:00" in err
+    )  # done/total, rate, ETA
+    assert (
+        "Configuration for experiment" not in err and "Trial status" not in err
+    )  # Tune's tables stay off
