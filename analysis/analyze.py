@@ -127,6 +127,7 @@ def compute_summaries(
         s,
         contrast=cfg.plateau_contrast,
         min_drop=cfg.plateau_min_drop,
+        min_duration_ratio=cfg.plateau_min_duration_ratio,
         floor=cfg.plateau_loss_floor,
         skip=no_escape | (s.lengths == 0),
     )

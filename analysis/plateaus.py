@@ -13,17 +13,25 @@ running minimum of ``log L``. Two facts make it work without a time scale:
 
 So a *drop* is a peak of ``log r`` (segment by segment) whose prominence (in
 scipy's sense: its height above the higher of the two valleys that separate it
-from higher peaks) is at least ``log(contrast)``, and which lowers the loss by at
-least ``min_drop`` (relative) from one plateau level to the next. The *plateau*
-ending in that drop is the stretch around the deepest valley before the peak
-(after the previous drop) where the rate stays below ``peak rate / contrast``.
-Its ``level`` is the geometric mean of the logged losses on it, ``start``/``end``
-are logged times, ``duration = end - start``. A plateau must also last at least
-``min_duration_ratio`` times its drop (the time from its end until 90 % of the
-drop to the next level is done): saddles are left quickly compared to the time
-spent near them, and this guard rejects short flat bits that noise cuts out of a
-steady decay. (The detector is meant for full-batch GD curves; SGD noise can
-still fake plateaus: raise ``min_drop`` for noisy runs.)
+from higher peaks) is at least ``log(contrast)``. The *plateau* ending in that
+drop is the stretch around the deepest valley before the peak (after the
+previous drop) where the rate stays below ``thr = peak rate / contrast``; the
+drop's *steep part* runs from the plateau's end until the rate falls back below
+``thr``. A candidate counts only if
+
+- the loss falls by at least ``min_drop`` (relative) over the steep part, and
+  from the plateau's level to the next plateau's level (or the final loss);
+- the plateau lasts at least ``min_duration_ratio`` times the steep part:
+  saddles are left quickly compared to the time spent near them.
+
+Both guards are local, and they reject the short flat bits and rate spikes that
+noise cuts out of a steady decay. Failing candidates are dropped one at a time
+(lowest prominence first; its plateau merges into the next) until all pass.
+The plateau's ``level`` is the geometric mean of the logged losses on it,
+``start``/``end`` are logged times, ``duration = end - start``, ``drop_frac`` is
+``1 - next level / level`` and ``contrast`` the peak rate over the plateau's
+lowest rate. (The detector is meant for full-batch GD curves; SGD noise of a
+percent or more can still fake plateaus: raise ``min_drop`` for noisy runs.)
 
 Conventions:
 
@@ -101,8 +109,8 @@ def detect_plateaus(
         plateaus, drop_times = _plateaus_for(kept, log_rate, ell, env, t, contrast, final_level)
         failing = [
             i
-            for i, (p, d) in enumerate(zip(plateaus, drop_times))
-            if p.drop_frac < min_drop or p.duration < min_duration_ratio * d
+            for i, (p, (d, steep)) in enumerate(zip(plateaus, drop_times))
+            if min(p.drop_frac, steep) < min_drop or p.duration < min_duration_ratio * d
         ]
         if not failing:
             return plateaus
@@ -134,18 +142,25 @@ def _plateaus_for(
             a -= 1
         while b + 1 <= hi and log_rate[b + 1] <= thr:
             b += 1
+        # the drop lasts while the rate stays above thr: until the first slow segment after p
+        slow = np.nonzero(log_rate[p + 1 :] <= thr)[0]
+        drop_end = float(t[p + 1 + slow[0]]) if len(slow) else float(t[-1])
         level = float(np.exp(ell[a : b + 2].mean()))
         c = float(np.exp(min(log_rate[p] - log_rate[v], np.log(MAX_CONTRAST))))
-        spans.append((level, float(t[a]), float(t[b + 1]), c))
+        k_end = p + 1 + slow[0] if len(slow) else len(t) - 1
+        steep = 1.0 - float(np.exp(env[k_end] - env[b + 1]))
+        # mean rates over the whole plateau and the whole steep part
+        rate_plateau = (env[a] - env[b + 1]) / (t[b + 1] - t[a])
+        rate_steep = (env[b + 1] - env[k_end]) / max(t[k_end] - t[b + 1], 1e-300)
+        if rate_steep < contrast * rate_plateau:
+            steep = 0.0  # not an acceleration on average: noise
+        spans.append((level, float(t[a]), float(t[b + 1]), c, drop_end, steep))
         prev = p
     out, drop_times = [], []
-    env_loss = np.exp(env)
-    for i, (level, start, end, c) in enumerate(spans):
+    for i, (level, start, end, c, drop_end, steep) in enumerate(spans):
         nxt = spans[i + 1][0] if i + 1 < len(spans) else final_level
         out.append(Plateau(level, start, end, 1.0 - nxt / level, c))
-        target = level - 0.9 * (level - nxt)
-        after = np.nonzero((t > end) & (env_loss <= target))[0]
-        drop_times.append(float((t[after[0]] if len(after) else t[-1]) - end))
+        drop_times.append((drop_end - end, steep))
     return out, drop_times
 
 

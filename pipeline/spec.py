@@ -287,6 +287,8 @@ class AnalysisConfig(_Section):
     plateau_contrast: Annotated[float, Field(gt=1)] = 3.0
     #: plateaus: the drop that ends a plateau lowers the loss by at least this fraction.
     plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    #: plateaus: a plateau lasts at least this fraction of the steep part of its drop.
+    plateau_min_duration_ratio: NonNegativeFloat = 0.2
     #: plateaus: losses below this fraction of L0 are clipped (round-off floor).
     plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = 1e-12
     #: scaling fits: the fitted init scales must span at least this many decades.
