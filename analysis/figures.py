@@ -7,6 +7,8 @@ and saves the figures.
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 from matplotlib import colors as mcolors
@@ -16,6 +18,12 @@ from matplotlib.patches import Patch, Rectangle
 
 from analysis import style
 from analysis.style import fmt, label, short_label
+
+
+def _wrap(text: str, width_in: float, size: float = 12) -> str:
+    """``text`` wrapped to fit a figure ``width_in`` inches wide at font ``size``."""
+    chars = max(int(width_in * 72 / (0.55 * size)), 20)
+    return "\n".join(textwrap.wrap(text, chars))
 
 
 def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
@@ -58,10 +66,11 @@ def phase_diagram_figure(
 
     with style.theme():
         nr, nc = _grid_shape(len(facets))
-        cw = max(0.55 * len(xs), 3.2) + 1.2
-        ch = max(0.45 * len(ys), 2.4) + 1.0
+        cw = max(0.6 * len(xs), 3.6) + 1.4
+        ch = max(0.5 * len(ys), 2.6) + 1.0
+        width = max(cw * nc + 1.6, 8.5)  # room for the title, colorbar and legend
         fig, axes = plt.subplots(
-            nr, nc, figsize=(cw * nc + 1.2, ch * nr + 0.6), squeeze=False, layout="constrained"
+            nr, nc, figsize=(width, ch * nr + 0.8), squeeze=False, layout="constrained"
         )
         annotate = len(xs) * len(ys) <= 120
         for k, fv in enumerate(facets):
@@ -199,7 +208,9 @@ def phase_diagram_figure(
             )
         fig.legend(handles=handles, loc="outside lower center", ncols=3, frameon=False)
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
-        fig.suptitle(title or f"Phase diagram: {short_label(value)} ({n_seeds} seeds per cell)")
+        fig.suptitle(
+            _wrap(title or f"Phase diagram: {short_label(value)} ({n_seeds} seeds per cell)", width)
+        )
     return fig
 
 
@@ -252,7 +263,7 @@ def escape_time_figure(
                 ax.errorbar(
                     a["init_scale"],
                     a["gm"],
-                    yerr=[a["gm"] - a["lo"], a["hi"] - a["gm"]],
+                    yerr=[(a["gm"] - a["lo"]).clip(lower=0), (a["hi"] - a["gm"]).clip(lower=0)],
                     fmt="o",
                     ms=5.5,
                     color=c,
@@ -326,7 +337,7 @@ def escape_time_figure(
         ax.set_ylabel(label("escape_time"))
         ax.grid(True, which="major", alpha=0.3)
         fig.legend(handles=handles, loc="outside lower center", ncols=1, frameon=False)
-        ax.set_title(title or "Escape time vs init scale")
+        ax.set_title(_wrap(title or "Escape time vs init scale", fig.get_figwidth()))
     return fig
 
 
@@ -429,7 +440,7 @@ def loss_curves_figure(
             ncols=2,
             frameon=False,
         )
-        fig.suptitle(title or "Train loss vs gradient-flow time")
+        fig.suptitle(_wrap(title or "Train loss vs gradient-flow time", fig.get_figwidth()))
     return fig
 
 
@@ -491,7 +502,7 @@ def singular_values_figure(layers: pd.DataFrame, *, title: str | None = None) ->
         fig.legend(
             handles=handles, loc="outside right center", frameon=False, title="singular value"
         )
-        fig.suptitle(title or "Top singular values per layer")
+        fig.suptitle(_wrap(title or "Top singular values per layer", fig.get_figwidth()))
     return fig
 
 
@@ -545,5 +556,7 @@ def transversal_figure(
         ax.set_ylabel(label("transversal_grad_sq") + " (final)")
         ax.legend(frameon=False)
         ax.grid(True, which="major", alpha=0.3)
-        ax.set_title(title or "Transversal variation of the trained function")
+        ax.set_title(
+            _wrap(title or "Transversal variation of the trained function", fig.get_figwidth())
+        )
     return fig

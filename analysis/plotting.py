@@ -92,8 +92,8 @@ def resolve(p: PlotSpec, axes: list[str], runs: pd.DataFrame) -> PlotSpec:
         x = p.x or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "init_scale"))
         y = p.y or next((a for a in [*_Y_PREFERENCE, *axes] if a in axes and a != x), "seed")
         facet = p.facet
-        if facet is None:
-            rest = [a for a in axes if a not in (x, y)]
+        if facet is None:  # the next swept axis that the plot's where clause does not fix
+            rest = [a for a in axes if a not in (x, y) and not (p.where and a in p.where)]
             facet = rest[0] if rest else None
         u = {"x": x, "y": y, "value": p.value or "kernel_distance", "facet": facet}
         if p.where is None:
@@ -106,7 +106,14 @@ def resolve(p: PlotSpec, axes: list[str], runs: pd.DataFrame) -> PlotSpec:
         hue = p.hue or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "seed"))
         facet = p.facet
         if facet is None:
-            facet = next((a for a in ("depth", "width", *axes) if a in axes and a != hue), None)
+            facet = next(
+                (
+                    a
+                    for a in ("depth", "width", *axes)
+                    if a in axes and a != hue and not (p.where and a in p.where)
+                ),
+                None,
+            )
         u = {"hue": hue, "facet": facet}
         if p.where is None:
             u["where"] = _fixed_where(runs, axes, {hue, facet})
@@ -273,8 +280,7 @@ def plots_for(con, sweep: str, spec: SweepSpec | None) -> tuple[list[PlotSpec], 
         )
         has_tv = (
             con.execute(
-                "SELECT count(*) FROM summaries WHERE sweep = ? "
-                "AND final_transversal_grad_sq IS NOT NULL",
+                "SELECT count(*) FROM summaries WHERE sweep = ? AND final_transversal_grad_sq > 0",
                 [sweep],
             ).fetchone()[0]
             > 0

@@ -68,7 +68,18 @@ def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
     """The scaling_fits rows as the report shows them."""
     if fits.empty:
         return pd.DataFrame(
-            columns=["depth", "group", "fit", "slope", "CI", "theory slope", "points", "seeds"]
+            columns=[
+                "depth",
+                "group",
+                "fit",
+                "slope",
+                "CI",
+                "theory slope",
+                "theory",
+                "points",
+                "seeds",
+                "note",
+            ]
         )
     rows = []
     for f in fits.sort_values(["depth", "x"]).itertuples(index=False):
@@ -99,6 +110,10 @@ def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
                 "theory": f.theory,
                 "points": int(f.n_points),
                 "seeds": int(f.n_seeds),
+                "note": ""
+                if pd.notna(f.slope)
+                else "no fit: needs escape times over the required decades of α per seed "
+                "(analysis.fit_min_decades) in the fitted regimes",
             }
         )
     return pd.DataFrame(rows)
@@ -156,7 +171,9 @@ def report_html(
         "vs the init scale α, with its confidence interval over seeds, and the theory's "
         "slope where it gives one.</p>"
     )
-    parts.append(_table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory")))
+    parts.append(
+        _table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory", "note"))
+    )
     parts.append("<h2>Spec</h2>")
     parts.append(
         f'<pre id="spec">{html.escape(spec_text) if spec_text else "(no spec stored)"}</pre>'

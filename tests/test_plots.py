@@ -1,0 +1,211 @@
+"""``plot``: every figure, as PNG and SVG, from a real store; defaults from the swept axes."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import analyze, phase_diagram_sql, plot
+from analysis.calibration import synthetic_sweep
+from analysis.figures import (
+    escape_time_figure,
+    loss_curves_figure,
+    phase_diagram_figure,
+    transversal_figure,
+)
+from analysis.plotting import default_plots, render_all, resolve, swept_axes
+from analysis.style import fmt, save
+from pipeline.spec import PlotSpec, validate_spec
+from storage import Store, open_catalog
+
+SWEEP = "figs"
+GRID = {
+    "init_scale": [1e-3, 1e-2, 1e-1, 1.0, 3.0],
+    "width": [16, 256],
+    "depth": [2, 3],
+    "noise_sigma": [0.0, 0.1],
+    "seed": [0, 1],
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    st = Store.open(str(tmp_path_factory.mktemp("store")))
+    tables = synthetic_sweep(
+        init_scales=GRID["init_scale"],
+        widths=GRID["width"],
+        depths=GRID["depth"],
+        seeds=GRID["seed"],
+        noise_sigmas=GRID["noise_sigma"],
+        singular_values=(4.0, 1.0, 0.25),
+        steps=10**6,
+        diverge=lambda a, w: a >= 3.0 and w >= 256,
+    )
+    st.write_chunk(SWEEP, "c0", tables)
+    st.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": GRID}))
+    return st
+
+
+def _check_png(path):
+    img = mpimg.imread(path)
+    h, w = img.shape[:2]
+    assert 300 < w < 4000 and 200 < h < 3000, (path, img.shape)
+    gray = img[..., :3].mean(axis=2)
+    # not blank: a good share of the pixels is drawn on, in more than one colour
+    assert (gray < 0.95).mean() > 0.02
+    assert len(np.unique(np.round(img[..., :3], 2).reshape(-1, 3), axis=0)) > 20
+
+
+def _check_svg(path):
+    root = ET.parse(path).getroot()
+    assert root.tag.endswith("svg")
+    assert len(list(root.iter())) > 50
+
+
+def test_plot_writes_every_default_figure(store, tmp_path):
+    paths = plot(store, SWEEP, tmp_path)  # analyzes first: no summaries yet
+    names = sorted({p.stem for p in paths})
+    assert names == sorted(
+        [
+            "phase_kernel_distance_init_scale_width_by_depth",
+            "escape_time",
+            "loss_curves",
+            "singular_values",
+            "transversal",
+        ]
+    )
+    for p in paths:
+        assert p.parent == tmp_path
+        (_check_png if p.suffix == ".png" else _check_svg)(p)
+    assert {p.suffix for p in paths} == {".png", ".svg"}
+
+
+def test_plots_section_of_the_spec(store, tmp_path):
+    analyze(store, SWEEP)
+    spec = validate_spec(
+        {
+            "name": SWEEP,
+            "grid": GRID,
+            "plots": [
+                {
+                    "kind": "phase_diagram",
+                    "x": "init_scale",
+                    "y": "depth",
+                    "value": "param_rel_change",
+                    "where": "width = 16",
+                    "name": "pd_small",
+                },
+                {"kind": "loss_curves", "where": "seed = 1 AND noise_sigma = 0.1"},
+                {"kind": "phase_diagram", "value": "escape_time"},
+            ],
+        }
+    )
+    con = open_catalog(store)
+    done = render_all(con, SWEEP, spec, tmp_path)
+    assert [r.name for r in done] == [
+        "pd_small",
+        "loss_curves",
+        "phase_escape_time_init_scale_width_by_depth",
+    ]
+    first = done[0]
+    assert first.spec.facet == "noise_sigma"  # the remaining swept axis
+    # the heatmap draws exactly the documented single query
+    assert first.sql == phase_diagram_sql(
+        SWEEP, "init_scale", "depth", "param_rel_change", facet="noise_sigma", where="width = 16"
+    )
+    cells = con.execute(first.sql).df()
+    assert len(cells) == 5 * 2 * 2 and (cells["n_runs"] == 2).all()
+    for r in done:
+        for p in r.paths:
+            (_check_png if p.suffix == ".png" else _check_svg)(p)
+
+
+def test_defaults_from_swept_axes(store):
+    con = open_catalog(store)
+    runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [SWEEP]).df()
+    spec = validate_spec({"name": SWEEP, "grid": GRID})
+    axes = swept_axes(runs, spec)
+    assert axes == ["init_scale", "width", "depth", "noise_sigma"]
+    kinds = [p.kind for p in default_plots(axes)]
+    assert kinds == [
+        "phase_diagram",
+        "escape_time",
+        "loss_curves",
+        "singular_values",
+        "transversal",
+    ]
+    pd_ = resolve(PlotSpec(kind="phase_diagram"), axes, runs)
+    assert (pd_.x, pd_.y, pd_.facet, pd_.value) == (
+        "init_scale",
+        "width",
+        "depth",
+        "kernel_distance",
+    )
+    assert pd_.where == "noise_sigma = 0.0"  # the other swept axis is fixed
+    lc = resolve(PlotSpec(kind="loss_curves"), axes, runs)
+    assert (lc.hue, lc.facet) == ("init_scale", "depth")
+    assert lc.where == "seed = 0 AND width = 256 AND noise_sigma = 0.0"
+    # only one swept axis: no phase diagram, no transversal figure
+    assert [p.kind for p in default_plots(["init_scale"], has_layers=False)] == [
+        "escape_time",
+        "loss_curves",
+    ]
+
+
+def test_figures_from_frames_handle_edge_cases(tmp_path):
+    # a 1 x 1 grid, all diverged; NaN values; no threshold crossing
+    cells = pd.DataFrame(
+        {
+            "x": [1.0],
+            "y": [16],
+            "value": [np.nan],
+            "value_sd": [np.nan],
+            "n_runs": [3],
+            "n_completed": [0],
+            "n_diverged": [3],
+            "n_failed": [0],
+            "n_seeds": [3],
+            "regime": ["diverged"],
+        }
+    )
+    fig = phase_diagram_figure(
+        cells, x="init_scale", y="width", value="kernel_distance", threshold=0.1
+    )
+    _check_png(save(fig, tmp_path, "one")[0])
+    # escape times without fits; transversal with sigma = 0 only
+    pts = pd.DataFrame(
+        {"depth": [2, 2], "init_scale": [0.01, 0.1], "seed": [0, 0], "escape_time": [5.0, np.nan]}
+    )
+    save(escape_time_figure(pts), tmp_path, "esc")
+    tv = pd.DataFrame(
+        {
+            "noise_sigma": [0.0, 0.0],
+            "depth": [2, 3],
+            "seed": [0, 0],
+            "final_transversal_grad_sq": [0.0, 0.0],
+        }
+    )
+    save(transversal_figure(tv), tmp_path, "tv")
+    traj = pd.DataFrame(
+        {"run_id": ["a"] * 3, "time": [0.0, 1.0, 2.0], "train_loss": [1.0, 0.5, 0.1]}
+    )
+    runs = pd.DataFrame({"run_id": ["a"], "init_scale": [0.1], "status": ["completed"]})
+    save(loss_curves_figure(traj, runs, None), tmp_path, "lc")
+    assert len(list(tmp_path.glob("*.png"))) == 4
+
+
+def test_tick_labels():
+    assert [fmt(v) for v in (1e-3, 0.0316, 1.0, 256, 3.5e-5, 1e5, "relu")] == [
+        "1e-3",
+        "0.032",
+        "1",
+        "256",
+        "3.5e-5",
+        "1e5",
+        "relu",
+    ]
