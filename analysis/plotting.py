@@ -12,14 +12,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 
 from analysis import figures
-from analysis.phase import AXES, phase_diagram_sql
+from analysis.phase import AXES, VALUES, phase_diagram_sql
 from analysis.style import fmt, save, short_label
-from pipeline.spec import AnalysisConfig, PlotSpec, SweepSpec
+from pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,28 @@ def plots_for(con, sweep: str, spec: SweepSpec | None) -> tuple[list[PlotSpec], 
             > 0
         )
         plots = default_plots(axes, has_layers=has_layers, has_transversal=has_tv)
-    return [resolve(p, axes, runs) for p in plots], runs
+    resolved = [resolve(p, axes, runs) for p in plots]
+    for i, p in enumerate(resolved):
+        check(con, sweep, p, i)
+    return resolved, runs
+
+
+def check(con, sweep: str, p: PlotSpec, index: int) -> None:
+    """Raise ``SpecError`` (key ``plots[i].FIELD``) for a plot that cannot be drawn."""
+    key = f"plots[{index}]"
+    for field in ("x", "y", "facet", "hue"):
+        v = getattr(p, field)
+        if v is not None and v not in AXES:
+            raise SpecError(f"{key}.{field}", v, f"not a runs axis; known: {', '.join(AXES)}")
+    if p.kind == "phase_diagram" and p.value not in VALUES:
+        raise SpecError(f"{key}.value", p.value, f"known: {', '.join(VALUES)}")
+    if p.kind == "escape_time" and p.x != "init_scale":
+        raise SpecError(f"{key}.x", p.x, "escape times are drawn against init_scale")
+    if p.where:
+        try:
+            con.execute(f"SELECT count(*) FROM runs WHERE sweep = ? AND ({p.where})", [sweep])
+        except duckdb.Error as e:
+            raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
 
 
 def render_all(con, sweep: str, spec: SweepSpec | None, out_dir: Path | str) -> list[Rendered]:

@@ -20,7 +20,7 @@ from analysis.figures import (
 )
 from analysis.plotting import default_plots, render_all, resolve, swept_axes
 from analysis.style import fmt, save
-from pipeline.spec import PlotSpec, validate_spec
+from pipeline.spec import PlotSpec, SpecError, validate_spec
 from storage import Store, open_catalog
 
 SWEEP = "figs"
@@ -155,6 +155,24 @@ def test_defaults_from_swept_axes(store):
         "escape_time",
         "loss_curves",
     ]
+
+
+@pytest.mark.parametrize(
+    "plot,key",
+    [
+        ({"kind": "phase_diagram", "x": "nonsense"}, "plots[0].x"),
+        ({"kind": "phase_diagram", "value": "nonsense"}, "plots[0].value"),
+        ({"kind": "loss_curves", "where": "no_such_column = 1"}, "plots[0].where"),
+        ({"kind": "escape_time", "x": "width"}, "plots[0].x"),
+    ],
+)
+def test_bad_plot_specs_name_the_key(store, tmp_path, plot, key):
+    analyze(store, SWEEP)
+    spec = validate_spec({"name": SWEEP, "grid": GRID, "plots": [plot]})
+    with pytest.raises(SpecError) as e:
+        render_all(open_catalog(store), SWEEP, spec, tmp_path)
+    assert e.value.key == key
+    assert not list(tmp_path.iterdir())
 
 
 def test_figures_from_frames_handle_edge_cases(tmp_path):
