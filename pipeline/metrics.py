@@ -40,8 +40,9 @@ layers (l = 1 … L)
     ``fro_norm``, ``rel_change``  ‖W_l(t)‖_F and ‖W_l(t) − W_l(0)‖_F / ‖W_l(0)‖_F.
     ``top_sv``, ``delta_top_sv``  the ``metrics.top_k`` largest singular values of W_l(t)
                           and of W_l(t) − W_l(0), descending; entries beyond
-                          min(fan_out, fan_in) are NULL.
-    ``stable_rank``       ‖W_l‖_F² / ‖W_l‖_2².
+                          min(fan_out, fan_in) are NULL, and all entries at logged
+                          steps that ``metrics.spectra_budget`` leaves out.
+    ``stable_rank``       ‖W_l‖_F² / ‖W_l‖_2² (with the spectra).
     ``balance_defect``    homogeneous activations (relu, leaky_relu):
                           (c_l(t) − c_l(0)) / (‖W_l(0)‖_F² + ‖W_{l+1}(0)‖_F²),
                           c_l = ‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖²; linear nets:
@@ -50,11 +51,15 @@ layers (l = 1 … L)
 
 Cost: one probe forward, one backward per output for the NTK (O(E·P²·width) per
 layer), one test forward and backward per output for the transversal gradient,
-and one batched SVD per layer (O(width³) for square layers; ``metrics.spectra``
-turns the singular values off).
+and one batched SVD per layer and logged step (O(width³) for square layers):
+``metrics.spectra_budget`` caps their estimated work at a fraction of the
+training's by computing them at a log-spaced subset of the logged steps (NULL
+at the others), ``metrics.spectra`` turns them off.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -68,13 +73,20 @@ from pipeline.ntk import (
     kernel_distance,
     sensitivities,
 )
-from pipeline.spec import MetricsConfig
+from pipeline.spec import MetricsConfig, RunConfig
 from pipeline.spectra import (
     balance_matrix_drift,
     balance_scalar,
+    initial_balance_matrices,
+    spectra_schedule,
     stable_rank,
+    svd_work,
     top_singular_values,
 )
+
+#: Most elements (members × rows × width) of one block of test points in the
+#: transversal gradient: small blocks avoid fresh page-faulting allocations.
+_TEST_BLOCK_ELEMENTS = 1 << 20
 
 #: Data kinds on which ``even_part_frac`` is recorded by default.
 SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
@@ -101,27 +113,32 @@ def hidden_signs(fwd: Forward) -> Tensor | None:
 
 def act_flip_frac(signs: Tensor, signs0: Tensor) -> Tensor:
     """Fraction of (input, hidden unit) pairs whose sign pattern differs: (E,)."""
-    return (signs != signs0).reshape(signs.shape[0], -1).to(torch.float64).mean(1)
+    flips = torch.count_nonzero(signs != signs0, dim=(1, 2)).to(torch.float64)
+    return flips / (signs.shape[1] * signs.shape[2])
 
 
 def dead_frac(signs: Tensor) -> Tensor:
     """Fraction of hidden units inactive (z ≤ 0) on every input: (E,)."""
-    return (~signs.any(1)).to(torch.float64).mean(1)
+    dead = torch.count_nonzero(~signs.any(1), dim=1).to(torch.float64)
+    return dead / signs.shape[2]
 
 
 def transversal_grad_sq(net: EnsembleMLP, params: Params, x: Tensor, basis: Tensor) -> Tensor:
     """mean_x Σ_o ‖P⊥ ∇ₓ f_o(x)‖² with P⊥ = V Vᵀ, V = ``basis`` (E, d, c) orthonormal.
 
     ∇ₓ f_o(x) = c_1 W_1ᵀ δ^o_1(x), so the projection is c_1 δ^o_1 (W_1 V), one bmm.
+    The inputs are processed in blocks of rows (bounded memory).
     """
-    fwd = net.forward(params, x)
+    E, n, _ = x.shape
     w_v = torch.bmm(params.weights[0], basis)  # (E, n_1, c)
-    total = None
-    for deltas in sensitivities(net, params, fwd):
-        proj = torch.bmm(deltas[0], w_v).mul_(net.multipliers[0])
-        sq = proj.square().sum((1, 2))
-        total = sq if total is None else total + sq
-    return total / x.shape[1]
+    rows = max(1, _TEST_BLOCK_ELEMENTS // (E * max(net.dims)))
+    total = x.new_zeros(E)
+    for start in range(0, n, rows):
+        fwd = net.forward(params, x[:, start : start + rows])
+        for deltas in sensitivities(net, params, fwd):
+            proj = torch.bmm(deltas[0], w_v).mul_(net.multipliers[0])
+            total += proj.square().sum((1, 2))
+    return total / n
 
 
 def even_part_frac(net: EnsembleMLP, params: Params, x: Tensor) -> Tensor:
@@ -141,7 +158,10 @@ class MetricRecorder:
     """Metrics of one chunk relative to its initial parameters ``params0``.
 
     ``data_kind``: the chunk's ``data.kind`` (decides ``even_part_frac`` when
-    ``metrics.even_part`` is None).
+    ``metrics.even_part`` is None). ``logged_steps`` and ``train_flops`` (the
+    training's work per member, in flops) let ``metrics.spectra_budget`` choose the
+    logged steps that get singular values; without them every call computes them.
+    :meth:`for_run` fills all three from a run's config.
     """
 
     def __init__(
@@ -151,6 +171,8 @@ class MetricRecorder:
         batch: DataBatch,
         cfg: MetricsConfig,
         data_kind: str | None = None,
+        logged_steps: Sequence[int] | None = None,
+        train_flops: float | None = None,
     ) -> None:
         self.net, self.batch, self.cfg = net, batch, cfg
         self.params0 = params0.clone()
@@ -186,9 +208,43 @@ class MetricRecorder:
         self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
         self.k0 = empirical_ntk(net, self.params0, self.probe_x, fwd=fwd0) if cfg.ntk else None
 
-        # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial scalar balance
+        # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial balance
         self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
         self.balance0 = balance_scalar(self.params0)
+        self.balance0_matrix = None
+        if act == "linear" and net.depth > 1:
+            self.balance0_matrix = initial_balance_matrices(self.params0)
+
+        # the logged steps that get singular values (None: every call)
+        self.spectra_steps: set[int] | None = None
+        if cfg.spectra and cfg.spectra_budget is not None and logged_steps and train_flops:
+            steps = sorted(int(k) for k in logged_steps)
+            self.spectra_steps = spectra_schedule(
+                steps, 2 * svd_work(net.dims), train_flops, cfg.spectra_budget
+            )
+
+    @classmethod
+    def for_run(
+        cls,
+        net: EnsembleMLP,
+        params0: Params,
+        batch: DataBatch,
+        config: RunConfig,
+        logged_steps: Sequence[int],
+    ) -> MetricRecorder:
+        """The recorder of a chunk whose members share ``config``'s shapes."""
+        t = config.train
+        rows = t.batch_size if t.optimizer == "sgd" else batch.x_train.shape[1]
+        per_step = 6.0 * rows * sum(a * b for a, b in zip(net.dims[:-1], net.dims[1:]))
+        return cls(
+            net,
+            params0,
+            batch,
+            config.metrics,
+            data_kind=config.data.kind,
+            logged_steps=logged_steps,
+            train_flops=per_step * t.steps,
+        )
 
     # -- per-member scalars -----------------------------------------------------------------
     def trajectory(self, params: Params, grads: Params) -> dict[str, Tensor]:
@@ -226,24 +282,36 @@ class MetricRecorder:
         return out
 
     # -- per-member, per-layer values -----------------------------------------------------------
-    def layers(self, params: Params) -> dict[str, Tensor]:
-        """Per-member, per-layer values: (E, depth) scalars, (E, depth, top_k) lists."""
+    def layers(self, params: Params, step: int | None = None) -> dict[str, Tensor]:
+        """Per-member, per-layer values: (E, depth) scalars, (E, depth, top_k) lists.
+
+        ``step``: the logged step; the spectra are NaN at steps the budget leaves out.
+        """
         w, w0 = params.weights, self.params0.weights
+        diffs = [x - x0 for x, x0 in zip(w, w0)]
         fro = torch.stack([_flat_sq(x).sqrt() for x in w], 1)
-        delta = torch.stack([_flat_sq(x - x0).sqrt() for x, x0 in zip(w, w0)], 1)
+        delta = torch.stack([_flat_sq(x).sqrt() for x in diffs], 1)
         out = {"fro_norm": fro, "rel_change": delta / torch.stack(self.w0_fro, 1)}
 
-        if self.cfg.spectra:
+        if self.cfg.spectra and not self._spectra_now(step):
             k = self.cfg.top_k
-            top = torch.stack([top_singular_values(x, k) for x in w], 1)
+            nan = torch.full((*fro.shape, k), float("nan"), dtype=fro.dtype, device=fro.device)
+            out.update(top_sv=nan, delta_top_sv=nan, stable_rank=nan[..., 0])
+        elif self.cfg.spectra:
+            k = self.cfg.top_k
+            finite = torch.isfinite(fro)  # a non-finite entry makes the norm non-finite
+            top = torch.stack([top_singular_values(x, k, finite[:, l]) for l, x in enumerate(w)], 1)
             out["top_sv"] = top
             out["stable_rank"] = stable_rank(fro, top[..., 0])
             out["delta_top_sv"] = torch.stack(
-                [top_singular_values(x - x0, k) for x, x0 in zip(w, w0)], 1
+                [top_singular_values(x, k, finite[:, l]) for l, x in enumerate(diffs)], 1
             )
 
         out["balance_defect"] = self._balance(params, fro)
         return out
+
+    def _spectra_now(self, step: int | None) -> bool:
+        return self.spectra_steps is None or step is None or step in self.spectra_steps
 
     def _balance(self, params: Params, fro: Tensor) -> Tensor:
         E, L = fro.shape
@@ -252,7 +320,7 @@ class MetricRecorder:
             return defect
         act = self.net.activation
         if act == "linear":
-            drift = balance_matrix_drift(params, self.params0)
+            drift = balance_matrix_drift(params, self.params0, self.balance0_matrix)
         elif act in ("relu", "leaky_relu"):
             drift = balance_scalar(params) - self.balance0
         else:  # tanh: no conserved balance

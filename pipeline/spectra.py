@@ -5,12 +5,15 @@ not finite gets NaN and never stops the others (batched LAPACK calls fail on
 non-finite input, so such members are replaced by zeros before the call).
 
 Cost: the singular values of a (fan_out, fan_in) layer cost O(E·m²·M) with
-m = min(fan_out, fan_in), M = max; the matrix balance of a linear net forms
-(E, n_l, n_l) matrices, evaluated in blocks of members to bound memory.
+m = min(fan_out, fan_in), M = max — for wide square layers more than many
+training steps, hence :func:`spectra_schedule`; the matrix balance of a linear
+net forms (E, n_l, n_l) matrices (D_l(0) cached when small, else recomputed in
+blocks of members to bound memory).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,12 +27,13 @@ def _finite_rows(t: Tensor) -> Tensor:
     return torch.isfinite(t.reshape(t.shape[0], -1)).all(1)
 
 
-def top_singular_values(w: Tensor, k: int) -> Tensor:
+def top_singular_values(w: Tensor, k: int, finite: Tensor | None = None) -> Tensor:
     """The k largest singular values of each (E, a, b) matrix, descending: (E, k).
 
     Entries beyond min(a, b) are NaN (stored as NULL); NaN rows for non-finite members.
+    ``finite``: (E,) bool, whether each member's matrix is finite, if already known.
     """
-    ok = _finite_rows(w)
+    ok = _finite_rows(w) if finite is None else finite
     safe = torch.where(ok.view(-1, 1, 1), w, torch.zeros((), dtype=w.dtype, device=w.device))
     sv = torch.linalg.svdvals(safe)[:, :k]
     sv = torch.where(ok.unsqueeze(1), sv, torch.full_like(sv, float("nan")))
@@ -66,36 +70,84 @@ def balance_scalar(params: Params) -> Tensor:
     return torch.stack(cols, 1)
 
 
-def _matrix_drift(w_in, w_out, b, w_in0, w_out0, b0) -> Tensor:
-    """‖D(t) − D(0)‖_F with D = W_outᵀW_out − W_in W_inᵀ − b bᵀ, for a block of members."""
-    d = torch.bmm(w_out.transpose(1, 2), w_out) - torch.bmm(w_out0.transpose(1, 2), w_out0)
-    d -= torch.bmm(w_in, w_in.transpose(1, 2)) - torch.bmm(w_in0, w_in0.transpose(1, 2))
+def balance_matrix(w_in: Tensor, w_out: Tensor, b: Tensor | None) -> Tensor:
+    """D = W_outᵀW_out − W_in W_inᵀ − b bᵀ for a block of members: (E, n, n)."""
+    d = torch.bmm(w_out.transpose(1, 2), w_out)
+    d -= torch.bmm(w_in, w_in.transpose(1, 2))
     if b is not None:
-        d -= b.unsqueeze(2) * b.unsqueeze(1) - b0.unsqueeze(2) * b0.unsqueeze(1)
-    return d.reshape(d.shape[0], -1).norm(dim=1)
+        d -= b.unsqueeze(2) * b.unsqueeze(1)
+    return d
 
 
-def balance_matrix_drift(params: Params, params0: Params) -> Tensor:
+def _bias(params: Params, l: int, sl: slice) -> Tensor | None:
+    return None if params.biases is None else params.biases[l][sl]
+
+
+def initial_balance_matrices(
+    params0: Params, max_elements: int = _BLOCK_ELEMENTS
+) -> list[Tensor] | None:
+    """D_l(0) for l = 1 … L−1, or None if they would hold more than ``max_elements``."""
+    w = params0.weights
+    E = w[0].shape[0]
+    if E * sum(x.shape[1] ** 2 for x in w[1:]) > max_elements:
+        return None
+    sl = slice(None)
+    return [
+        balance_matrix(w[l][sl], w[l + 1][sl], _bias(params0, l, sl)) for l in range(len(w) - 1)
+    ]
+
+
+def balance_matrix_drift(params: Params, params0: Params, d0: list[Tensor] | None = None) -> Tensor:
     """‖D_l(t) − D_l(0)‖_F for l = 1 … L−1 (linear nets): (E, L−1).
 
     D_l = W_{l+1}ᵀW_{l+1} − W_l W_lᵀ − b_l b_lᵀ is conserved by gradient flow between
     linear layers. The difference is taken entrywise in (n_l, n_l) matrices, not via
     traces of products, so a drift far below ‖W‖² is not lost to cancellation.
+    ``d0``: the D_l(0) if cached (:func:`initial_balance_matrices`); else they are
+    recomputed, in blocks of members that bound the memory.
     """
     w, w0 = params.weights, params0.weights
     E = w[0].shape[0]
     cols = []
     for l in range(len(w) - 1):
         n = w[l].shape[1]
-        block = max(1, _BLOCK_ELEMENTS // (n * n))
+        block = E if d0 is not None else max(1, _BLOCK_ELEMENTS // (n * n))
         parts = []
         for s in range(0, E, block):
             sl = slice(s, s + block)
-            b = b0 = None
-            if params.biases is not None:
-                b, b0 = params.biases[l][sl], params0.biases[l][sl]
-            parts.append(_matrix_drift(w[l][sl], w[l + 1][sl], b, w0[l][sl], w0[l + 1][sl], b0))
+            d = balance_matrix(w[l][sl], w[l + 1][sl], _bias(params, l, sl))
+            d -= (
+                d0[l]
+                if d0 is not None
+                else balance_matrix(w0[l][sl], w0[l + 1][sl], _bias(params0, l, sl))
+            )
+            parts.append(d.reshape(d.shape[0], -1).norm(dim=1))
         cols.append(torch.cat(parts))
     if not cols:
         return w[0].new_zeros(E, 0)
     return torch.stack(cols, 1)
+
+
+def svd_work(dims: list[int]) -> float:
+    """Estimated work of the singular values of one member's layers, in training-flop
+    units: ~8 m²M per (M × m) matrix (LAPACK's bidiagonalisation, 8/3 m²M flops for a
+    square matrix, runs at about a third of the throughput of the training's matmuls)."""
+    total = 0.0
+    for a, b in zip(dims[:-1], dims[1:]):
+        m, big = min(a, b), max(a, b)
+        total += 8.0 * m * m * big
+    return total
+
+
+def spectra_schedule(
+    logged_steps: list[int], per_log: float, train_total: float, budget: float
+) -> set[int]:
+    """The logged steps at which the spectra are computed: all of them if
+    ``len(logged_steps) · per_log ≤ budget · train_total``, else as many as fit (at least
+    2: the first and the last), evenly spaced in the (log-spaced) logged-step index."""
+    n = len(logged_steps)
+    fit = int(budget * train_total // per_log) if per_log > 0 else n
+    if fit >= n:
+        return set(logged_steps)
+    idx = np.unique(np.round(np.linspace(0, n - 1, max(fit, 2))).astype(np.int64))
+    return {logged_steps[i] for i in idx}

@@ -156,9 +156,7 @@ class ChunkTrainer:
         steps = t.steps
         logged = set(log_steps(steps, t.log_points).tolist())
         params = self.params0.clone()
-        recorder = MetricRecorder(
-            self.net, self.params0, b, self.base.metrics, data_kind=self.base.data.kind
-        )
+        recorder = MetricRecorder.for_run(self.net, self.params0, b, self.base, sorted(logged))
         sgd = t.optimizer == "sgd"
         self._perm = None
 
@@ -226,7 +224,7 @@ class ChunkTrainer:
         test_loss = mse_loss(self.net(params, b.x_test), b.y_test)
         traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
         traj.update(recorder.trajectory(params, grads))
-        log.add(k, alive, traj, recorder.layers(params))
+        log.add(k, alive, traj, recorder.layers(params, step=k))
         # dead members: zero their parameters so nothing non-finite lingers
         if not bool(alive.all()):
             keep = alive.to(self.dtype)

@@ -106,7 +106,7 @@ def _spec(grid=None, **sections):
             "subspace_dim": 2,
         },
         "train": {"steps": 60, "lr": 0.1, "log_points": 8},
-        "metrics": {"probe_size": 8, "top_k": 3},
+        "metrics": {"probe_size": 8, "top_k": 3, "spectra_budget": None},
         "grid": grid or {},
     }
     for key, value in sections.items():
@@ -313,7 +313,7 @@ def test_stored_layer_metrics_match_numpy(capture):
         model={"activation": "relu", "width": 7, "depth": 3},
         data={"input_dim": 9},
         train={"lr": 0.3},
-        metrics={"top_k": 4},
+        metrics={"top_k": 4, "spectra_budget": None},
         grid={"seed": [0, 1]},
     )
     (chunk,) = make_chunks(expand(spec), spec)
@@ -554,3 +554,30 @@ def test_loss_crossing_times_match_a_naive_loop():
         np.testing.assert_allclose(runs[col], expected, rtol=1e-9, err_msg=col)
         reached += 1
     assert reached >= 3
+
+
+def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last():
+    """Wide square layers and a short run: the SVD work would exceed the budget."""
+    spec = _spec(
+        model={"depth": 3, "width": 96},
+        train={"steps": 1000, "log_points": 30, "lr": 0.02},
+        metrics={"spectra_budget": 0.1},
+    )
+    (chunk,) = make_chunks(expand(spec), spec)
+    layers = _by(train_chunk(chunk)["layers"], ["step", "layer"])
+    steps = sorted(layers.step.unique())
+    has = [
+        layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0][0] is not None
+        and not np.isnan(layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0][0])
+        for k in steps
+    ]
+    # the estimate: 2 SVDs (W and ΔW) of ~8 m²M each, against 6·n·Σ ab flops per step
+    dims = [5, 96, 96, 1]
+    svd = 2 * sum(8 * min(a, b) ** 2 * max(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    train = 6 * 16 * sum(a * b for a, b in zip(dims[:-1], dims[1:])) * 1000
+    assert 2 < sum(has) == int(0.1 * train // svd) < len(steps)
+    assert has[0] and has[-1]
+    spectral = layers[layers.step.isin([k for k, h in zip(steps, has) if h])]
+    other = layers[~layers.step.isin([k for k, h in zip(steps, has) if h])]
+    assert spectral.stable_rank.notna().all() and other.stable_rank.isna().all()
+    assert other.balance_defect.notna().any() and other.fro_norm.notna().all()

@@ -253,7 +253,7 @@ def test_two_layer_linear_net_follows_the_sigmoid():
         },
         data={"kind": "teacher", "input_dim": d, "n_train": n, "n_test": 8},
         train={"steps": 24000, "log_points": 60},
-        metrics={"ntk": False, "probe_size": 8},
+        metrics={"ntk": False, "probe_size": 8, "spectra_budget": None},
         grid={"lr": lrs},
     )
     (chunk,) = make_chunks(expand(spec), spec)
@@ -344,7 +344,7 @@ def _run(
         },
         data={"kind": "teacher", "input_dim": 3, "n_train": 2 * 10, "n_test": 16},
         train={"steps": 1500, "lr": 1.0, "log_points": 25},
-        metrics={"probe_size": 16, "even_part": True},
+        metrics={"probe_size": 16, "even_part": True, "spectra_budget": None},
     )
     (base,) = expand(spec)
     points = []
