@@ -66,7 +66,9 @@ def _inject_failure(run_ids: Sequence[str]) -> None:
         raise RuntimeError(f"{FAULT_ENV} injected a failure into this chunk")
 
 
-def train_and_store(store_uri: str, sweep: str, chunk: Chunk, device: str) -> dict[str, Any]:
+def train_and_store(
+    store_uri: str, sweep: str, chunk: Chunk, device: str, node_id: str | None = None
+) -> dict[str, Any]:
     """Train the chunk's members that the store does not hold yet and commit them.
 
     Returns the small summary a Tune trial reports.
@@ -82,6 +84,12 @@ def train_and_store(store_uri: str, sweep: str, chunk: Chunk, device: str) -> di
     _inject_failure([p.run_id for p in todo])
     started = time.perf_counter()
     tables = train_chunk(Chunk(chunk.chunk_id, todo), device)
+    runs = tables["runs"]
+    tables["runs"] = runs.set_column(
+        runs.schema.get_field_index("node_id"),
+        "node_id",
+        pa.array([node_id] * runs.num_rows, pa.string()),
+    )
     store.write_chunk(sweep, chunk.chunk_id, tables)
     status = tables["runs"].column("status").to_pylist()
     summary.update(diverged=status.count("diverged"), seconds=time.perf_counter() - started)
@@ -98,7 +106,8 @@ def _trial(config: dict[str, Any], store_uri: str, sweep: str, chunks: list) -> 
     torch.set_num_threads(max(1, int(assigned.get("CPU", 1))))
     device = "cuda" if assigned.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
     chunk = _decode(*chunks[config["chunk"]])
-    tune.report(train_and_store(store_uri, sweep, chunk, device))
+    node = ray.get_runtime_context().get_node_id()
+    tune.report(train_and_store(store_uri, sweep, chunk, device, node))
 
 
 def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.Table:
@@ -131,7 +140,16 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     return pa.Table.from_arrays(arrays, schema=RUNS)
 
 
+def _on_loopback(address: str | None) -> bool:
+    """The embedded instance, or a cluster whose head is on this machine's loopback."""
+    return not address or address.split("://")[-1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+
+
 def _ray_init(address: str | None) -> None:
+    if _on_loopback(address):
+        # Ray resolves a loopback head address to the machine's outward IP unless
+        # this is off (read when ray is first imported); keep everything on loopback.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
@@ -139,10 +157,9 @@ def _ray_init(address: str | None) -> None:
     kwargs: dict[str, Any] = dict(
         include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR"
     )
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(**kwargs)
+    if _on_loopback(address):
+        kwargs["_node_ip_address"] = "127.0.0.1"
+    ray.init(address=address or None, **kwargs)
 
 
 def run_chunks(
@@ -163,8 +180,6 @@ def run_chunks(
     Points of trials that still fail after ``max_retries`` retries are stored
     with status ``failed`` (a relaunch trains them again).
     """
-    from ray import tune
-
     outcome = SweepOutcome(total=total, skipped=skipped)
     if not chunks:
         return outcome
@@ -172,6 +187,8 @@ def run_chunks(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new console output ignores verbose=0
     os.environ.setdefault("TUNE_RESULT_BUFFER_LENGTH", "1")
     _ray_init(address)
+    from ray import tune
+
     n_points = sum(len(c.points) for c in chunks)
     bar = tqdm(total=n_points, unit="pt", desc=f"{sweep}", disable=not progress, smoothing=0.1)
     bar.set_postfix(skipped=skipped)

@@ -64,6 +64,7 @@ RUNS = pa.schema(
         ("chunk_wall_seconds", F64),
         ("error", pa.string()),  # message of a failed run, else NULL
         ("torch_threads", I64),  # intra-op threads the trial trained with (= its CPUs)
+        ("node_id", pa.string()),  # Ray node that trained the run (NULL outside Ray)
     ]
 )
 
