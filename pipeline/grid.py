@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec, raise_from_validation
+from pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec
 
 #: Fields that may differ between members of one chunk (one vectorized ensemble).
 MEMBER_FIELDS: tuple[tuple[str, str], ...] = (
@@ -116,69 +116,128 @@ def axis_values(axis: str, spec_value: Any) -> list[Any]:
 
 
 def _set_path(cfg: dict[str, Any], path: str, value: Any) -> None:
-    section, *rest = path.split(".")
-    node = cfg[section]
-    for part in rest[:-1]:
+    """Set a dotted ``path`` (without its section) in the section dict ``cfg``."""
+    *parents, last = path.split(".")
+    node = cfg
+    for part in parents:
         node = node.setdefault(part, {})
-    node[rest[-1]] = value
+    node[last] = value
+
+
+def _section_json(section: BaseModel) -> str:
+    return section.model_dump_json()
 
 
 def run_id_of(sweep: str, config: RunConfig) -> str:
-    """Deterministic id: sha256 of the sweep name and the canonical JSON of the config."""
-    payload = json.dumps(
-        {"sweep": sweep, "config": config.model_dump(mode="json")},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    """Deterministic id: sha256 of the sweep name and the canonical JSON of each section."""
+    return _run_id(sweep, [_section_json(getattr(config, s)) for s in _SECTIONS])
+
+
+def _run_id(sweep: str, section_jsons: Sequence[str]) -> str:
+    payload = "\n".join([sweep, *section_jsons])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+_SECTIONS: tuple[str, ...] = tuple(RunConfig.model_fields)
+
+
+def _section_options(
+    spec: SweepSpec, section: str, axes: list[tuple[str, str, list[Any]]]
+) -> dict[tuple[int, ...], tuple[BaseModel, str]]:
+    """Every combination of one section's axes, validated once: value indices → (model, JSON).
+
+    Cross-field rules only relate fields of one section, so validating each
+    section's combinations covers every point at a fraction of the cost.
+    """
+    base = getattr(spec, section)
+    cls = type(base)
+    options: dict[tuple[int, ...], tuple[BaseModel, str]] = {}
+    for idx in itertools.product(*(range(len(values)) for _, _, values in axes)):
+        raw = base.model_dump()
+        for (_, path, values), i in zip(axes, idx):
+            _set_path(raw, path.split(".", 1)[1], values[i])
+        try:
+            model = cls.model_validate(raw)
+        except ValidationError as e:
+            bad = [
+                (a, values[i])
+                for (a, path, values), i in zip(axes, idx)
+                if not _valid_alone(base, path, values[i])
+            ]
+            if bad:
+                raise SpecError(f"grid.{bad[0][0]}", bad[0][1], str(e.errors()[0]["msg"])) from None
+            combo = {a: values[i] for (a, _, values), i in zip(axes, idx)}
+            raise SpecError(
+                "grid", combo, f"this combination is invalid: {e.errors()[0]['msg']}"
+            ) from None
+        options[idx] = (model, _section_json(model))
+    return options
+
+
+def _valid_alone(base: BaseModel, path: str, value: Any) -> bool:
+    raw = base.model_dump()
+    _set_path(raw, path.split(".", 1)[1], value)
+    try:
+        type(base).model_validate(raw)
+    except ValidationError:
+        return False
+    return True
+
+
 def expand(spec: SweepSpec) -> list[Point]:
-    """All grid points of ``spec``, each validated; raises :class:`SpecError` naming the axis."""
-    axes = {axis: (axis_path(axis), axis_values(axis, v)) for axis, v in spec.grid.items()}
-    base = spec.base().model_dump()
-    names = list(axes)
+    """All grid points of ``spec`` in grid order (last axis fastest), validated.
+
+    Raises :class:`SpecError` naming the offending axis and value. Points that
+    resolve to the same config (an axis listing a value twice) appear once.
+    """
+    axes = [(axis, axis_path(axis), axis_values(axis, v)) for axis, v in spec.grid.items()]
+    by_section = {
+        s: [i for i, (_, path, _) in enumerate(axes) if path.split(".")[0] == s] for s in _SECTIONS
+    }
+    options = {
+        s: _section_options(spec, s, [axes[i] for i in idx]) for s, idx in by_section.items()
+    }
+    names = [a for a, _, _ in axes]
     points: list[Point] = []
     seen: set[str] = set()
-    for combo in itertools.product(*(axes[a][1] for a in names)):
-        raw = json.loads(json.dumps(base))
-        for axis, value in zip(names, combo):
-            _set_path(raw, axes[axis][0], value)
-        try:
-            config = RunConfig.model_validate(raw)
-        except ValidationError as e:
-            bad = next(
-                (a for a, v in zip(names, combo) if _invalid_alone(base, axes[a][0], v)), None
-            )
-            if bad is not None:
-                raise SpecError(
-                    f"grid.{bad}", dict(zip(names, combo))[bad], str(e.errors()[0]["msg"])
-                ) from None
-            raise_from_validation(e, raw)
-        run_id = run_id_of(spec.name, config)
-        if run_id in seen:  # e.g. a grid axis listing the same value twice
+    for combo in itertools.product(*(range(len(values)) for _, _, values in axes)):
+        chosen = [options[s][tuple(combo[i] for i in by_section[s])] for s in _SECTIONS]
+        run_id = _run_id(spec.name, [j for _, j in chosen])
+        if run_id in seen:
             continue
         seen.add(run_id)
-        points.append(Point(run_id, config, dict(zip(names, combo))))
+        config = RunConfig.model_construct(**{s: m for s, (m, _) in zip(_SECTIONS, chosen)})
+        coords = {name: axes[i][2][c] for i, (name, c) in enumerate(zip(names, combo))}
+        points.append(Point(run_id, config, coords))
     return points
 
 
-def _invalid_alone(base: dict[str, Any], path: str, value: Any) -> bool:
-    raw = json.loads(json.dumps(base))
-    _set_path(raw, path, value)
-    try:
-        RunConfig.model_validate(raw)
-    except ValidationError:
-        return True
-    return False
-
-
-def shape_key(config: RunConfig) -> str:
-    """Everything but :data:`MEMBER_FIELDS`: points with equal keys can share a chunk."""
-    d = config.model_dump(mode="json")
-    for section, field in MEMBER_FIELDS:
-        d[section].pop(field, None)
+def _section_key(section: BaseModel, name: str) -> str:
+    d = section.model_dump(mode="json")
+    for sec, field in MEMBER_FIELDS:
+        if sec == name:
+            d.pop(field, None)
     return json.dumps(d, sort_keys=True)
+
+
+def shape_key(config: RunConfig, cache: dict[int, str] | None = None) -> str:
+    """Everything but :data:`MEMBER_FIELDS`: points with equal keys can share a chunk.
+
+    ``cache`` maps ``id(section)`` to its key; points from one :func:`expand`
+    share section objects, so a cache kept over one call makes this cheap. Only
+    valid while those objects are alive (ids are reused after collection).
+    """
+    parts = []
+    for s in _SECTIONS:
+        section = getattr(config, s)
+        if cache is None:
+            parts.append(_section_key(section, s))
+        else:
+            key = cache.get(id(section))
+            if key is None:
+                key = cache[id(section)] = _section_key(section, s)
+            parts.append(key)
+    return "|".join(parts)
 
 
 def member_bytes(config: RunConfig) -> int:
@@ -202,18 +261,32 @@ def flops_per_step(config: RunConfig) -> float:
     return 6.0 * batch * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
 
 
-def make_chunks(points: Sequence[Point], spec: SweepSpec) -> list[Chunk]:
+def make_chunks(points: Sequence[Point], spec: SweepSpec, min_chunks: int = 1) -> list[Chunk]:
     """Pack points with equal :func:`shape_key` into chunks of at most
-    ``execution.max_chunk_size`` members and at most ``execution.memory_budget_mb``."""
+    ``execution.max_chunk_size`` members and at most ``execution.memory_budget_mb``.
+
+    The chunks of a group are of equal size (±1), so no trial is left with a
+    straggler of a few members. ``min_chunks``: split the grid into at least this
+    many chunks where it has that many points, e.g. the number of trials that run
+    at once (CPUs / CPUs per trial), so that every core gets a chunk. Cache
+    efficiency does not depend on the chunk size: the trainer steps a chunk in
+    cache-sized blocks of members (:class:`pipeline.models.EnsembleStep`).
+    """
     groups: dict[str, list[Point]] = {}
+    cache: dict[int, str] = {}
     for p in points:
-        groups.setdefault(shape_key(p.config), []).append(p)
+        groups.setdefault(shape_key(p.config, cache), []).append(p)
     budget = spec.execution.memory_budget_mb * 2**20
+    # chunks per group so that the whole grid has at least min_chunks, in proportion to size
+    total = max(1, len(points))
     chunks: list[Chunk] = []
     for members in groups.values():
         size = max(1, min(spec.execution.max_chunk_size, budget // member_bytes(members[0].config)))
-        for start in range(0, len(members), size):
-            part = tuple(members[start : start + size])
+        n_chunks = max(-(-len(members) // size), -(-min_chunks * len(members) // total))
+        n_chunks = min(n_chunks, len(members))
+        bounds = np.linspace(0, len(members), n_chunks + 1).round().astype(int)
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            part = tuple(members[start:stop])
             chunks.append(Chunk(_hash_ids(p.run_id for p in part), part))
     return chunks
 
