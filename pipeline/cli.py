@@ -108,6 +108,17 @@ def _nonnegative(kind: type) -> object:
     return parse
 
 
+def _open_store(uri: str | None) -> object:
+    """The store at ``uri``; an unusable URI is an argument error (exit 2)."""
+    from pipeline.spec import SpecError
+    from storage import Store
+
+    try:
+        return Store.open(uri)
+    except ValueError as e:
+        raise SpecError("--store", uri, str(e), what="argument") from None
+
+
 def _fail(message: str) -> int:
     print(f"phasesweep: {message}", file=sys.stderr)
     return EXIT_INVALID
@@ -119,13 +130,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.driver import flops_estimate, run_chunks
     from pipeline.grid import expand, make_chunks, member_bytes
     from pipeline.spec import load_spec
-    from storage import Store
 
     spec, raw = load_spec(args.spec, args.overrides)
     points = expand(spec)
     if not points:
         return _fail(f"grid of {args.spec} has no points")
-    store = Store.open(args.store)
+    store = _open_store(args.store)
     done = store.done_run_ids(spec.name)
     todo = [p for p in points if p.run_id not in done]
     chunks = make_chunks(todo, spec)
@@ -179,9 +189,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from storage import Store, run_query
+    from storage import run_query
 
-    store = Store.open(args.store)
+    store = _open_store(args.store)
     where = ""
     if args.sweep is not None:
         where = f"WHERE sweep = '{_sql_str(args.sweep)}'"
@@ -219,10 +229,10 @@ def _sql_str(text: str) -> str:
 def cmd_query(args: argparse.Namespace) -> int:
     import csv
 
-    from storage import ReadOnlyQueryError, Store, run_query
+    from storage import ReadOnlyQueryError, run_query
 
     try:
-        names, rows = run_query(Store.open(args.store), args.sql)
+        names, rows = run_query(_open_store(args.store), args.sql)
     except ReadOnlyQueryError as e:
         return _fail(str(e))
     if args.format == "csv":
@@ -254,9 +264,8 @@ def _print_table(names: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 
 def cmd_analysis(args: argparse.Namespace) -> int:
     import analysis
-    from storage import Store
 
-    store = Store.open(args.store)
+    store = _open_store(args.store)
     if args.sweep not in store.sweeps():
         return _fail(f"SWEEP = {args.sweep!r}: no such sweep in the store {store.uri}")
     if args.command == "analyze":

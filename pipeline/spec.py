@@ -51,9 +51,9 @@ PAPER_POINTS = {"orthogonal": 2, "xor": 4, "perturbed_symmetric": 6}
 class SpecError(ValueError):
     """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given."""
 
-    def __init__(self, key: str, value: Any, reason: str) -> None:
+    def __init__(self, key: str, value: Any, reason: str, what: str = "spec") -> None:
         self.key, self.value, self.reason = key, value, reason
-        super().__init__(f"invalid spec: {key} = {value!r}: {reason}")
+        super().__init__(f"invalid {what}: {key} = {value!r}: {reason}")
 
 
 class _Section(BaseModel):
@@ -124,7 +124,10 @@ class DataConfig(_Section):
     #: (output_dim 1), more give one-hot labels (output_dim = number of classes).
     classes: list[NonNegativeInt] | None = None
     #: orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact
-    #: points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d).
+    #: points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d,
+    #: xor padded with zeros to input_dim). n_train may be any multiple of that count:
+    #: the copies leave the loss (a mean over points) and so the training unchanged, and
+    #: let one grid run several of these kinds with the same n_train.
     layout: Literal["random", "paper"] = "random"
     #: data seed; None derives it from ``train.seed``.
     seed: NonNegativeInt | None = None
@@ -183,10 +186,12 @@ class DataConfig(_Section):
         if k == "xor" and d < 2:
             raise ValueError("xor data needs input_dim >= 2")
         if self.layout == "paper" and k in PAPER_POINTS:
-            if n != PAPER_POINTS[k] or d != 2:
+            count = PAPER_POINTS[k]
+            if n % count or (d != 2 and k != "xor"):
                 raise ValueError(
-                    f"layout paper of {k} data is {PAPER_POINTS[k]} points in 2-d: "
-                    f"set n_train {PAPER_POINTS[k]} and input_dim 2"
+                    f"layout paper of {k} data is {count} points in 2-d: "
+                    f"n_train {n} must be a multiple of {count}"
+                    + ("" if k == "xor" else f" and input_dim {d} must be 2")
                 )
         if k == "digits":
             self._digits_fit()
@@ -298,7 +303,13 @@ class AnalysisConfig(_Section):
     #: scaling fits: the fitted init scales must span at least this many decades.
     fit_min_decades: PositiveFloat = 2.0
     #: scaling fits: regimes of the runs whose escape times are fitted.
-    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = ["rich", "not_converged"]
+    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = [
+        "lazy",
+        "rich",
+        "not_converged",
+    ]
+    #: scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle.
+    fit_require_plateau: bool = True
     #: scaling fits: only runs with init_scale at most this (None: all).
     fit_init_scale_max: PositiveFloat | None = None
     #: scaling fits: confidence level of the intervals.

@@ -84,6 +84,8 @@ def test_malformed_yaml_and_bad_override(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "train.steps" in err and "-1" in err
     assert main(["run", str(spec), "--store", str(store), "--cpus-per-trial", "0"]) == 2
+    assert main(["run", str(spec), "--store", "ftp://host/x"]) == 2
+    assert "--store = 'ftp://host/x'" in capsys.readouterr().err
     assert not store.exists()
 
 
