@@ -162,19 +162,39 @@ def compute_summaries(
     return out, plateaus
 
 
+def fit_mask(df: pd.DataFrame, cfg: AnalysisConfig) -> pd.Series:
+    """Which runs' escape times enter the scaling fits (``df``: runs joined with summaries).
+
+    Completed runs with an escape time, in ``cfg.fit_regimes``, with init_scale at most
+    ``cfg.fit_init_scale_max``, and, if ``cfg.fit_require_plateau``, that left a plateau
+    (``n_plateaus >= 1``): the saddle-escape laws concern runs that sat at a saddle.
+    """
+    keep = (df["status"] == "completed") & df["escape_time"].notna()
+    keep &= df["regime"].isin(list(cfg.fit_regimes))
+    if cfg.fit_require_plateau:
+        keep &= df["n_plateaus"].fillna(0) >= 1
+    if cfg.fit_init_scale_max is not None:
+        keep &= df["init_scale"] <= cfg.fit_init_scale_max
+    return keep.fillna(False).astype(bool)
+
+
 def compute_fits(
     runs: pd.DataFrame,
     summaries: pd.DataFrame,
     cfg: AnalysisConfig,
     group_axes: Sequence[str] = (),
 ) -> pd.DataFrame:
-    """Scaling fits of the escape times (see :mod:`analysis.scaling`)."""
-    df = runs.merge(summaries[["run_id", "regime", "escape_time"]], on="run_id")
-    keep = (df["status"] == "completed") & df["regime"].isin(list(cfg.fit_regimes))
-    if cfg.fit_init_scale_max is not None:
-        keep &= df["init_scale"] <= cfg.fit_init_scale_max
+    """Scaling fits of the escape times (see :mod:`analysis.scaling`).
+
+    Every group (depth and the other grid axes) of completed runs gets its rows,
+    with NULL slopes where too few escape times pass :func:`fit_mask`.
+    """
+    df = runs.merge(summaries[["run_id", "regime", "escape_time", "n_plateaus"]], on="run_id")
+    keep = fit_mask(df, cfg)
+    df = df[df["status"] == "completed"].copy()
+    df["escape_time"] = df["escape_time"].where(keep[df.index], np.nan)
     return fit_scaling(
-        df[keep],
+        df,
         group_axes=group_axes,
         eps=cfg.escape_eps,
         min_decades=cfg.fit_min_decades,

@@ -328,7 +328,7 @@ def escape_time_figure(
                 marker="o",
                 mfc="white",
                 ls="none",
-                label="not fitted (regime or range)",
+                label="not fitted (no plateau, regime or init-scale range)",
             ),
         ]
         ax.set_xscale("log")

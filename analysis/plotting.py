@@ -169,16 +169,17 @@ def render(con, sweep: str, p: PlotSpec, cfg: AnalysisConfig) -> plt.Figure | No
         )
     if p.kind == "escape_time":
         pts = con.execute(
-            f"SELECT r.run_id, r.depth, r.{p.x} AS init_scale, r.seed, s.escape_time, s.regime "
+            f"SELECT r.run_id, r.status, r.depth, r.{p.x} AS init_scale, r.seed, s.escape_time, "
+            "s.regime, s.n_plateaus "
             "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
             f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{_in_runs(sweep, p.where)}",
             q,
         ).df()
         if pts["escape_time"].notna().sum() == 0:
             return None
-        pts["in_fit"] = pts["regime"].isin(list(cfg.fit_regimes))
-        if cfg.fit_init_scale_max is not None:
-            pts["in_fit"] &= pts["init_scale"] <= cfg.fit_init_scale_max
+        from analysis.analyze import fit_mask
+
+        pts["in_fit"] = fit_mask(pts, cfg)
         fits = con.execute("SELECT * FROM scaling_fits WHERE sweep = ?", q).df()
         fits = _match_fits(fits, con, sweep, p.where)
         title = p.title or (
