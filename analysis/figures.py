@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
+from matplotlib import ticker as mticker
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
@@ -488,6 +489,10 @@ def singular_values_figure(layers: pd.DataFrame, *, title: str | None = None) ->
                     )
                 ax.set_xscale("log")
                 ax.set_yscale("log")
+                lo, hi = ax.get_ylim()
+                if hi / lo < 10:  # less than a decade: plain numbers, not 10^x labels
+                    ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
+                    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
                 if r == 0:
                     ax.set_title(f"layer {layer}")
                 if r == len(rows) - 1:

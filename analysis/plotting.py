@@ -207,9 +207,12 @@ def render(con, sweep: str, p: PlotSpec, cfg: AnalysisConfig) -> plt.Figure | No
         return figures.loss_curves_figure(traj, runs, pl, hue=p.hue, facet=p.facet, title=title)
     if p.kind == "singular_values":
         pick = con.execute(
-            "SELECT run_id, init_scale, depth, width, seed FROM runs "
-            f"WHERE sweep = ? AND status = 'completed' AND {_in_runs(sweep, p.where)} "
-            "ORDER BY init_scale ASC, depth DESC, run_id LIMIT 1",
+            # the smallest init that escaped a saddle (else the smallest init), deepest first
+            "SELECT r.run_id, r.init_scale, r.depth, r.width, r.seed FROM runs r "
+            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{_in_runs(sweep, p.where)} "
+            "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
+            "r.run_id LIMIT 1",
             q,
         ).df()
         if pick.empty:
