@@ -17,6 +17,12 @@ Rules, in order (vectorized over runs):
    (``param_rel_change``) is used with ``fallback_lazy_threshold`` (default: the
    same threshold), and ``order_parameter`` in the summary says which one. If
    both are NULL the regime is NULL.
+
+Caveat: the kernel distance of a two-layer *linear* net barely moves even from
+a tiny init (its NTK keeps the ``‖W2‖² XXᵀ`` part, which only grows in scale),
+so such runs read "lazy" by ``kernel_distance`` while their weights move by
+O(1/α); choose ``order_parameter: param_rel_change`` for linear nets. The
+scaling fits therefore select runs by whether they left a plateau, not by regime.
 """
 
 from __future__ import annotations
