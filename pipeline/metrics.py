@@ -86,7 +86,7 @@ from pipeline.spectra import (
 
 #: Most elements (members × rows × width) of one block of test points in the
 #: transversal gradient: small blocks avoid fresh page-faulting allocations.
-_TEST_BLOCK_ELEMENTS = 1 << 20
+_TEST_BLOCK_ELEMENTS = 1 << 17
 
 #: Data kinds on which ``even_part_frac`` is recorded by default.
 SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
