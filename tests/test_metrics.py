@@ -581,3 +581,20 @@ def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last():
     other = layers[~layers.step.isin([k for k, h in zip(steps, has) if h])]
     assert spectral.stable_rank.notna().all() and other.stable_rank.isna().all()
     assert other.balance_defect.notna().any() and other.fro_norm.notna().all()
+
+
+@pytest.mark.parametrize("activation", ["linear", "relu"])
+def test_even_part_is_recorded_for_symmetric_data_by_default(activation):
+    spec = _spec(
+        model={"activation": activation, "bias": False, "depth": 2},
+        data={"kind": "symmetric", "n_train": 16, "n_test": 20, "input_dim": 4},
+        train={"steps": 40},
+    )
+    assert spec.metrics.even_part is None
+    (chunk,) = make_chunks(expand(spec), spec)
+    frac = train_chunk(chunk)["trajectories"].column("even_part_frac").to_numpy()
+    assert not np.isnan(frac).any()
+    if activation == "linear":
+        assert (frac == 0).all()
+    else:
+        assert (frac > 0).all() and (frac < 1).all()
