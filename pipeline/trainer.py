@@ -333,15 +333,22 @@ def _table(
     arrays = []
     for f in schema:
         if list_columns and f.name in list_columns:
-            m = list_columns[f.name]
-            flat = pa.array(m.reshape(-1), type=pa.float64(), from_pandas=True)
-            offsets = pa.array(np.arange(0, m.size + 1, m.shape[1], dtype=np.int32))
-            arrays.append(pa.ListArray.from_arrays(offsets, flat))
+            arrays.append(_list_array(list_columns[f.name]))
         elif f.name in columns:
             arrays.append(pa.array(columns[f.name], type=f.type, from_pandas=True))
         else:
             arrays.append(pa.nulls(n_rows, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _list_array(values: np.ndarray) -> pa.ListArray:
+    """(rows, k) with NaN padding → one list per row of its non-NaN values (in order);
+    a row with none (e.g. a step where spectra were not computed) is NULL."""
+    keep = ~np.isnan(values)
+    lengths = keep.sum(1)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    mask = pa.array(lengths == 0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[keep]), mask=mask)
 
 
 def train_chunk(chunk: Chunk, device: str | torch.device = "cpu") -> dict[str, pa.Table]:

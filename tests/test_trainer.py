@@ -179,3 +179,15 @@ def test_permutations_are_per_member_and_without_replacement():
     assert not torch.equal(perm[0], permutations(seeds, epoch=4, n=50)[0])
     alone = permutations(seeds[1:2], epoch=3, n=50)
     assert torch.equal(alone[0], perm[1])
+
+
+def test_singular_value_lists_hold_only_existing_values():
+    spec = validate_spec({
+        "name": "t", "model": {"depth": 2, "width": 3},
+        "data": {"n_train": 6, "n_test": 6, "input_dim": 2},
+        "train": {"steps": 10, "log_points": 4}, "metrics": {"top_k": 5, "probe_size": 4},
+    })
+    layers = train_chunk(make_chunks(expand(spec), spec)[0])["layers"].to_pandas()
+    lengths = layers.groupby("layer").top_sv.apply(lambda s: {len(v) for v in s if v is not None})
+    assert lengths.to_dict() == {1: {2}, 2: {1}}  # min(fan_out, fan_in) values, no NaN padding
+    assert all(np.all(np.diff(v) <= 0) for v in layers.top_sv if v is not None)
