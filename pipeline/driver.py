@@ -218,26 +218,33 @@ def run_chunks(
             ),
         )
         results = tuner.fit()
-        for result in results:
-            if result.error is None:
-                continue
-            chunk = chunks[result.config["chunk"]]
-            done = store.done_run_ids(sweep)
+        # A trial whose worker died before it started has no config: every chunk
+        # with points the store lacks is failed, with its trial's error if known.
+        errors = [r for r in results if r.error is not None]
+        by_chunk = {r.config["chunk"]: _describe(r.error) for r in errors if r.config}
+        fallback = (
+            _describe(errors[0].error) if errors else "trial ended without storing its points"
+        )
+        done = store.done_run_ids(sweep)
+        for i, chunk in enumerate(chunks):
             lost = [p for p in chunk.points if p.run_id not in done]
-            if lost:
-                message = f"{type(result.error).__name__}: {result.error}"
-                store.write_chunk(
-                    sweep,
-                    chunk.chunk_id,
-                    {"runs": failed_runs_table(lost, chunk.chunk_id, message)},
-                )
-                outcome.failed += [p.run_id for p in lost]
-                outcome.errors.append(message)
+            if not lost:
+                continue
+            message = by_chunk.get(i, fallback)
+            store.write_chunk(
+                sweep, chunk.chunk_id, {"runs": failed_runs_table(lost, chunk.chunk_id, message)}
+            )
+            outcome.failed += [p.run_id for p in lost]
+            outcome.errors.append(message)
             bar.update(len(lost))
     finally:
         bar.close()
         shutil.rmtree(tune_dir, ignore_errors=True)
     return outcome
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def flops_estimate(points: Sequence[Point]) -> float:
