@@ -182,11 +182,15 @@ def test_permutations_are_per_member_and_without_replacement():
 
 
 def test_singular_value_lists_hold_only_existing_values():
-    spec = validate_spec({
-        "name": "t", "model": {"depth": 2, "width": 3},
-        "data": {"n_train": 6, "n_test": 6, "input_dim": 2},
-        "train": {"steps": 10, "log_points": 4}, "metrics": {"top_k": 5, "probe_size": 4},
-    })
+    spec = validate_spec(
+        {
+            "name": "t",
+            "model": {"depth": 2, "width": 3},
+            "data": {"n_train": 6, "n_test": 6, "input_dim": 2},
+            "train": {"steps": 10, "log_points": 4},
+            "metrics": {"top_k": 5, "probe_size": 4},
+        }
+    )
     layers = train_chunk(make_chunks(expand(spec), spec)[0])["layers"].to_pandas()
     lengths = layers.groupby("layer").top_sv.apply(lambda s: {len(v) for v in s if v is not None})
     assert lengths.to_dict() == {1: {2}, 2: {1}}  # min(fan_out, fan_in) values, no NaN padding
