@@ -1,7 +1,7 @@
 """The vectorized ensemble trainer: one chunk of grid points trains as one ensemble.
 
 Per step, for all members at once: forward and hand-written backward
-(:func:`pipeline.models.loss_and_grads`), loss-crossing events, divergence
+(:class:`pipeline.models.EnsembleStep`), loss-crossing events, divergence
 masks, and the update ``θ ← θ − η_k ∇L`` with a per-member ``η_k``. Nothing in
 the step synchronises with the host or loops over members; the host is
 consulted only at logged steps, where metrics are recorded.
@@ -34,7 +34,7 @@ from pipeline.datasets import DataBatch, data_seed, make_dataset, stack
 from pipeline.grid import Chunk
 from pipeline.init import init_params
 from pipeline.metrics import MetricRecorder
-from pipeline.models import EnsembleMLP, Params, loss_and_grads, mse_loss
+from pipeline.models import EnsembleMLP, EnsembleStep, Params
 from pipeline.seeding import derive_seed, permutations
 from pipeline.spec import RunConfig
 from storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, LAYERS, RUNS, TRAJECTORIES
@@ -168,9 +168,24 @@ class ChunkTrainer:
         loss0 = prev_loss = prev_time = None
         log = _Log()
 
+        stepper = EnsembleStep(self.net, E)
+        self._stepper = stepper
+        grads = None
+        train_s = metrics_s = 0.0
+        mark = time.perf_counter()
         for k in range(steps + 1):
             x, y = self._minibatch(k) if sgd else (b.x_train, b.y_train)
-            loss, grads, _ = loss_and_grads(self.net, params, x, y)
+            log_now = k in logged
+            if log_now:  # the metrics need θ_k and ∇L(θ_k): gradients first, update below
+                loss, grads = stepper.loss_and_grads(params, x, y, grads)
+            else:
+                # fused: θ ← θ − η∇L in one pass; η uses `alive` before this step's check,
+                # so a member that diverges at this step takes one more step. Nothing
+                # stored depends on it: the member is stopped at this step all the same,
+                # its rows end, its clock stops, and its parameters are zeroed at the
+                # next logged step
+                eta_k = self._eta(k, params) * alive
+                loss = stepper.step(params, x, y, eta_k)
             if loss0 is None:
                 loss0 = loss.clone()
                 prev_loss, prev_time = loss0, time_now.clone()
@@ -186,16 +201,28 @@ class ChunkTrainer:
             final_step = torch.where(bad, k, final_step)
             alive = alive & ~bad
 
-            if k in logged:
+            if log_now:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the metrics' timer starts here
+                now = time.perf_counter()
+                train_s += now - mark
                 self._log(log, k, params, grads, loss, time_now, alive, recorder)
+                mark = time.perf_counter()
+                metrics_s += mark - now
             if k == steps:
                 break
-            eta = self._eta(k, params) * alive
+            if log_now:
+                eta = self._eta(k, params) * alive
+                for p, g in zip(params.tensors(), grads.tensors()):
+                    p.sub_(g.mul_(eta.view(-1, *([1] * (g.dim() - 1)))))
+            else:
+                eta = eta_k * alive
             prev_loss, prev_time = loss, time_now.clone()
             time_now = time_now + eta
-            for p, g in zip(params.tensors(), grads.tensors()):
-                p.sub_(g.mul_(eta.view(-1, *([1] * (g.dim() - 1)))))
 
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        train_s += time.perf_counter() - mark
         wall = time.perf_counter() - started
         final = {
             "alive": alive.cpu().numpy(),
@@ -203,7 +230,15 @@ class ChunkTrainer:
             "loss0": loss0.cpu().numpy().astype(np.float64),
             "crossing": crossing.cpu().numpy().astype(np.float64),
         }
-        return self._tables(log, final, wall)
+        tables = self._tables(log, final, wall)
+        #: seconds spent in the step loop (training), in logged-step metrics, and the rest
+        #: (setup, tables); read by benchmarks/.
+        self.timing = {
+            "train_s": train_s,
+            "metrics_s": metrics_s,
+            "other_s": time.perf_counter() - started - train_s - metrics_s,
+        }
+        return tables
 
     def _log(
         self,
@@ -217,11 +252,10 @@ class ChunkTrainer:
         recorder: MetricRecorder,
     ) -> None:
         b = self.batch
-        if self.base.train.optimizer == "sgd":
-            out = self.net(params, b.x_train)
-            loss = mse_loss(out, b.y_train)
-            _, grads, _ = loss_and_grads(self.net, params, b.x_train, b.y_train)
-        test_loss = mse_loss(self.net(params, b.x_test), b.y_test)
+        if self.base.train.optimizer == "sgd":  # full-batch loss and gradient (new buffers:
+            # the minibatch gradient in `grads` is still to be applied)
+            loss, grads = self._stepper.loss_and_grads(params, b.x_train, b.y_train)
+        test_loss = self._stepper.loss(params, b.x_test, b.y_test)
         traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
         traj.update(recorder.trajectory(params, grads))
         log.add(k, alive, traj, recorder.layers(params, step=k))
