@@ -51,6 +51,8 @@ Kinds (``data.kind``):
 
 ``layout: paper`` datasets have no distribution to draw a test set from: their
 test set cycles through the training points (so the probe set is the data).
+Their training set may hold several copies of the points (n_train a multiple of
+their number): copies change neither the loss nor its gradient.
 Orthogonal test points reuse the training directions with fresh norms.
 
 Label noise (any kind): Gaussian of std ``label_noise`` added to the training
@@ -236,7 +238,8 @@ def _perturbed_symmetric(cfg: DataConfig, gen: torch.Generator) -> Dataset:
             (half,) = _whiten(x[0::2])
             x = _pairs(half)
         x[-1] += cfg.delta * x[-1].norm() * torch.tensor([0.0, 1.0], dtype=torch.float64)
-        return Dataset(x, y, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test), group_size=2)
+        x_tr, y_tr = _cycle(x, cfg.n_train), _cycle(y, cfg.n_train)
+        return Dataset(x_tr, y_tr, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test), group_size=2)
     ds = _symmetric(cfg, gen)
     x = ds.x_train[-1]
     u = _randn(gen, cfg.input_dim)
@@ -254,7 +257,8 @@ def _orthogonal_data(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     if cfg.layout == "paper":
         x = torch.tensor([[2.0, 1.0], [-0.5, 1.0]], dtype=torch.float64)
         y = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
-        return Dataset(x, y, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test))
+        x_tr, y_tr = _cycle(x, cfg.n_train), _cycle(y, cfg.n_train)
+        return Dataset(x_tr, y_tr, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test))
     n = cfg.n_train
     dirs = _orthogonal(gen, cfg.input_dim)[:, :n].T  # (n, d), orthonormal rows
     labels = torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0).to(torch.float64)

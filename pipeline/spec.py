@@ -108,16 +108,20 @@ class DataConfig(_Section):
     noise: Literal["codim", "isotropic"] = "codim"
     #: subspace data: rotate the subspace randomly (False: the first coordinates).
     rotate: bool = True
-    #: teacher net of the labels (teacher and subspace data).
+    #: teacher net of the labels (teacher, subspace and symmetric data; symmetric data
+    #: use its odd part, and default to tanh).
     teacher_width: PositiveInt = 4
     teacher_activation: Literal["linear", "relu", "tanh"] | None = None
     #: linear teacher with these singular values (descending), e.g. for plateau calibration.
     teacher_singular_values: list[PositiveFloat] | None = None
-    #: symmetric-type data: make the empirical input covariance exactly the identity.
+    #: symmetric-type data: make the empirical input covariance (1/n) sum x x^T of the
+    #: training set exactly the identity (the test set gets the same map).
     whiten: bool = False
-    #: perturbed_symmetric: size of the symmetry-breaking perturbation.
+    #: perturbed_symmetric: the last training point -x moves to -x + delta ||x|| u, u a unit
+    #: vector orthogonal to x (layout paper: [1, 0] -> [1, delta]).
     delta: NonNegativeFloat = 0.0
-    #: std of Gaussian label noise; ``label_noise_symmetric`` keeps odd labels odd.
+    #: std of Gaussian noise added to the training labels; ``label_noise_symmetric`` adds
+    #: (+eps, -eps) to each (x, -x) pair, so odd labels stay odd.
     label_noise: NonNegativeFloat = 0.0
     label_noise_symmetric: bool = False
     #: digits: which classes to keep (None: all ten). Two classes give ±1 labels

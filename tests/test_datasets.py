@@ -12,7 +12,7 @@ from pipeline.datasets import _load_digits, make_dataset, teacher_fn
 from pipeline.grid import expand, make_chunks
 from pipeline.seeding import generator
 from pipeline.spec import DataConfig, SpecError, validate_spec
-from pipeline.trainer import ChunkTrainer
+from pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps
@@ -195,6 +195,25 @@ def test_orthogonal_and_xor_paper_points():
     assert x.y_train.flatten().tolist() == [1, -1, 1, -1]
 
 
+@pytest.mark.parametrize("kind,count", [("orthogonal", 2), ("xor", 4), ("perturbed_symmetric", 6)])
+def test_paper_layouts_with_copies_train_identically(kind, count):
+    """n_train a multiple of the point count: copies leave the loss and its gradient unchanged."""
+    runs = {}
+    for n in (count, 3 * count):
+        spec = _spec(
+            {"kind": kind, "layout": "paper", "n_train": n, "input_dim": 2, "delta": 0.1},
+            model={"width": 16, "activation": "relu", "init_scale": 0.3},
+            train={"steps": 40, "lr": 0.05},
+        )
+        (chunk,) = make_chunks(expand(spec), spec)
+        x = ChunkTrainer(chunk).batch.x_train[0]
+        assert torch.equal(x, x[torch.arange(n) % count])
+        runs[n] = train_chunk(chunk)["trajectories"].to_pandas()
+    a, b = runs[count], runs[3 * count]
+    np.testing.assert_allclose(a.train_loss, b.train_loss, rtol=1e-12)
+    np.testing.assert_allclose(a.param_norm, b.param_norm, rtol=1e-12)
+
+
 def test_xor_clusters_and_noise():
     cfg = _data(kind="xor", n_train=4000, input_dim=5, noise_sigma=0.2)
     ds = make_dataset(cfg, 1)
@@ -320,7 +339,8 @@ def test_digits_one_hot_all_classes():
         ({"kind": "teacher", "label_noise_symmetric": True}, "label_noise_symmetric"),
         ({"kind": "orthogonal", "n_train": 11, "input_dim": 10}, "n_train"),
         ({"kind": "xor", "output_dim": 2}, "output_dim"),
-        ({"kind": "xor", "layout": "paper", "n_train": 8, "input_dim": 2}, "n_train"),
+        ({"kind": "xor", "layout": "paper", "n_train": 6, "input_dim": 2}, "n_train"),
+        ({"kind": "orthogonal", "layout": "paper", "n_train": 2, "input_dim": 3}, "input_dim"),
         ({"kind": "perturbed_symmetric", "input_dim": 1}, "input_dim"),
     ],
 )
