@@ -300,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except SpecError as e:
         return _fail(str(e))
+    except BrokenPipeError:  # e.g. `phasesweep query ... | head`
+        sys.stderr.close()
+        return EXIT_OK
 
 
 if __name__ == "__main__":
