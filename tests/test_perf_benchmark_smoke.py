@@ -1,0 +1,111 @@
+"""The benchmark suite's pieces at toy size: structure and consistency, never speed.
+
+Keeps ``benchmarks/`` from rotting: the grid, the plain baselines (which must train
+exactly what phasesweep trains), the store benchmark and the report. The Ray pieces
+run in their own test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+
+from benchmarks import run as bench  # noqa: E402
+from benchmarks import store_bench, training  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_grid_is_the_stated_one():
+    spec = training.grid_spec(256, 2000)
+    points = training.grid_points(spec)
+    assert len(points) == 256 and len({p.run_id for p in points}) == 256
+    cfg = points[0].config
+    assert (cfg.model.depth, cfg.model.width, cfg.data.n_train, cfg.train.steps) == (
+        3,
+        64,
+        128,
+        2000,
+    )
+    assert cfg.train.optimizer == "gd" and cfg.train.dtype == "float64"
+    assert "256 points" in training.describe(spec, 256)
+    sub = training.subset(points, 32)
+    assert len({p.run_id for p in sub}) == 32 and sub[0] is points[0] and sub[-1] is points[-1]
+
+
+def test_plain_baseline_trains_what_phasesweep_trains():
+    spec = training.grid_spec(4, 12, width=8, n_train=16, log_points=5)
+    points = training.grid_points(spec)
+    ps = training.phasesweep_inprocess(points)
+    plain = training.plain_loop(points[:2])
+    assert training.max_rel_diff(plain["final_loss"], ps["final_loss"]) < 1e-9
+    reported = []
+    training.plain_train(points[0].config, report=lambda *a: reported.append(a))
+    assert [r[0] for r in reported] == training.log_steps_of(spec).tolist()
+    assert ps["points"] == 4 and ps["trajectory_rows"] == 4 * len(reported)
+    assert set(ps) >= {"wall_s", "train_s", "metrics_s", "other_s", "train_flop_rate", "block"}
+    assert ps["train_s"] > 0 and ps["metrics_s"] > 0 and ps["wall_s"] >= ps["train_s"]
+
+
+def test_matmul_peak_reports_a_rate():
+    peak = training.matmul_peak(sizes=(64,), seconds=0.01)
+    assert peak["flops"] > 0 and peak["size"] == 64 and peak["threads"] == 1
+
+
+def test_store_benchmark_counts_rows_and_answers_the_query(tmp_path):
+    from pipeline.trainer import log_steps
+
+    r = store_bench.store_benchmark(
+        str(tmp_path / "s"), rows=4000, chunk_rows=2000, steps=50, log_points=10
+    )
+    per_run = len(log_steps(50, 10))
+    assert r["rows"] == r["catalog_rows"] and r["rows"] >= 2000
+    assert r["chunks"] == 2 and r["min_row_group_rows"] == r["rows_per_chunk"]
+    assert r["query_runs"] * per_run == r["rows"]  # one final step per run
+    assert 0 < r["query_cells"] <= 64 and r["bytes_per_row"] > 0
+    tables = store_bench.synthetic_chunk(0, 3, 50, 10, np.random.default_rng(0))
+    assert tables["runs"].num_rows == 3
+    assert tables["trajectories"].column("transversal_grad_sq").null_count == (
+        tables["trajectories"].num_rows
+    )
+
+
+def test_toy_run_without_ray_writes_a_consistent_report(tmp_path):
+    rep = bench.run("toy", with_ray=False, out_dir=tmp_path)
+    data = json.loads((tmp_path / "toy.json").read_text())
+    md = (tmp_path / "toy.md").read_text()
+    assert data["meta"]["grid"].startswith("4 points")
+    keys = {t["target"] for t in data["targets"]}
+    assert keys == {k for k, *_ in bench.TARGETS} - {"speedup_vs_ray_tune"}
+    for t in data["targets"]:
+        assert isinstance(t["met"], bool) and math.isfinite(t["measured"])
+        assert t["description"] in md
+    assert "(c) dense matmul peak" in md and "targets met" in md
+    assert len(rep.figures) == len(data["figures"])
+    assert "final_loss" not in json.dumps(data["raw"])  # per-run values are not kept
+
+
+@pytest.mark.timeout(600)
+def test_ray_pieces_at_toy_size(tmp_path):
+    """(a) and phasesweep end to end through Ray Tune, both training the same points."""
+    spec = training.grid_spec(4, 12, width=8, n_train=16, log_points=5, name="toy")
+    points = training.grid_points(spec)
+    ps = training.phasesweep_inprocess(points)
+    try:
+        training.ray_init()
+        a = training.ray_tune_baseline(points[:2])
+        assert a["points"] == 2 and training.max_rel_diff(a["final_loss"], ps["final_loss"]) < 1e-9
+        e2e = training.phasesweep_ray(points, spec, str(tmp_path / "store"), n_trials=2)
+        assert e2e["chunks"] == 2 and e2e["trajectory_rows"] == ps["trajectory_rows"]
+    finally:
+        import ray
+
+        ray.shutdown()
