@@ -333,7 +333,7 @@ def test_stored_layer_metrics_match_numpy(capture):
                 top = np.asarray(row.top_sv, dtype=float)
                 m = min(4, len(sv))
                 np.testing.assert_allclose(top[:m], sv[:m], rtol=1e-10)
-                assert np.isnan(top[m:]).all() and len(top) == 4
+                assert len(top) == m  # only the singular values that exist
                 np.testing.assert_allclose(
                     np.asarray(row.delta_top_sv, dtype=float)[:m], dsv[:m], rtol=1e-8, atol=1e-13
                 )
@@ -355,15 +355,16 @@ def test_stored_layer_metrics_match_numpy(capture):
                     np.testing.assert_allclose(row.balance_defect, ref, rtol=1e-6, atol=1e-14)
 
 
-def test_top_sv_nulls_are_stored_as_null():
+def test_top_sv_lists_are_as_long_as_the_layer_has_values():
     spec = _spec(
         model={"depth": 2, "width": 6}, metrics={"top_k": 3}, train={"steps": 3, "log_points": 2}
     )
     (chunk,) = make_chunks(expand(spec), spec)
-    top = train_chunk(chunk)["layers"].column("top_sv").to_pylist()
-    # layer 2 is (1, 6): one singular value, then NULLs
-    assert all(len(v) == 3 for v in top)
-    assert any(v[0] is not None and v[1] is None and v[2] is None for v in top)
+    layers = train_chunk(chunk)["layers"].to_pandas()
+    # layer 1 is (6, 5): top 3 of 5 values; layer 2 is (1, 6): one value, no padding
+    lengths = layers.groupby("layer").top_sv.apply(lambda s: {len(v) for v in s})
+    assert lengths.to_dict() == {1: {3}, 2: {1}}
+    assert all(x is not None for v in layers.top_sv for x in v)
 
 
 def test_linear_matrix_balance_matches_numpy(capture):
@@ -566,10 +567,9 @@ def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last():
     (chunk,) = make_chunks(expand(spec), spec)
     layers = _by(train_chunk(chunk)["layers"], ["step", "layer"])
     steps = sorted(layers.step.unique())
+    # a step whose spectra were skipped stores a NULL list
     has = [
-        layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0][0] is not None
-        and not np.isnan(layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0][0])
-        for k in steps
+        layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0] is not None for k in steps
     ]
     # the estimate: 2 SVDs (W and ΔW) of ~8 m²M each, against 6·n·Σ ab flops per step
     dims = [5, 96, 96, 1]

@@ -410,8 +410,8 @@ def test_bias_free_relu_on_symmetric_data_trains_like_a_linear_net():
             lay = layers[layers.run_id == f"{activation}-{i}"]
             np.testing.assert_allclose(lay.fro_norm, lin_layers.fro_norm / math.sqrt(k), rtol=1e-9)
             np.testing.assert_allclose(
-                np.stack(lay.top_sv.to_numpy())[:, 0],
-                np.stack(lin_layers.top_sv.to_numpy())[:, 0] / math.sqrt(k),
+                [v[0] for v in lay.top_sv],
+                np.array([v[0] for v in lin_layers.top_sv]) / math.sqrt(k),
                 rtol=1e-9,
             )
             np.testing.assert_allclose(lay.rel_change, lin_layers.rel_change, rtol=1e-8, atol=1e-14)
