@@ -198,11 +198,12 @@ def loss_and_grads(
 
 # -- the training step, in cache-sized blocks of members ----------------------------------
 
-#: Working set (bytes) of one block of members on CPU (see :class:`EnsembleStep`). Measured
-#: on 2-core AVX-512 machines (benchmarks/): 4 MiB gives ~16 members at width 64, 3 at width
-#: 256 and 1 at width 1024, each within a few percent of the best block size, while one
-#: block over a whole chunk of 256 members at width 64 runs at less than half the speed.
-CPU_BLOCK_BYTES = 4 << 20
+#: Working set (bytes) of one block of members on CPU (see :class:`EnsembleStep`): about a
+#: core's L2. Measured on the project's 2-core AVX-512 machines (2 MiB L2 per core): 3 MiB
+#: gives 12 members at width 64, 2 at width 256 and 1 at width 1024, each within a few
+#: percent of the best block size; one block of a whole 256-member chunk at width 64 runs
+#: at less than half the speed (its activations stream from memory).
+CPU_BLOCK_BYTES = 3 << 20
 
 
 def block_bytes_per_member(dims: Sequence[int], n_rows: int, itemsize: int) -> int:
@@ -215,7 +216,15 @@ def block_bytes_per_member(dims: Sequence[int], n_rows: int, itemsize: int) -> i
 class _Block:
     """Views of one block of members ``[s, e)`` into parameters and buffers (built once)."""
 
-    def __init__(self, params: Params, bufs: list[Tensor], dims: Sequence[int], s: int, e: int):
+    def __init__(
+        self,
+        params: Params,
+        bufs: list[Tensor],
+        per_member: list[Tensor],
+        dims: Sequence[int],
+        s: int,
+        e: int,
+    ):
         L, b = len(params.weights), e - s
         self.s, self.e = s, e
         self.w = [w[s:e] for w in params.weights]
@@ -225,7 +234,11 @@ class _Block:
         if self.bias is not None:  # broadcast over rows (hidden), over columns (output, transposed)
             self.bias_in = [v.unsqueeze(1) for v in self.bias[:-1]] + [self.bias[-1].unsqueeze(2)]
         self.z = [buf[:b] for buf in bufs[:L]]
+        self.zt = [z.transpose(1, 2) for z in self.z]
         self.back = [None] + [bufs[L + l % 2][:b, :, : dims[l]] for l in range(1, L)]
+        flat = self.z[L - 1].view(b, 1, -1)  # fᵀ as one row per member
+        self.flat, self.flat_t = flat, flat.transpose(1, 2)
+        self.sq, self.scale = (t[s:e] for t in per_member)
 
 
 class EnsembleStep:
@@ -265,18 +278,20 @@ class EnsembleStep:
                 self._slope_scalar = float(flat[0])
         else:
             self._slope_scalar = float(slope)
+        self._c = tuple(net.multipliers)
+        self._phi, self._dphi = self._activations()
 
     def block_size(self, x: Tensor) -> int:
-        """Members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on CPU."""
+        """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
+        CPU, the whole ensemble elsewhere. Blocks are of equal size (±1) up to this."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
         if x.device.type != "cpu":
             return self.E
         per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size())
-        most = max(1, min(self.E, CPU_BLOCK_BYTES // per))
-        return -(-self.E // -(-self.E // most))  # equal blocks: no straggler of one member
+        return max(1, min(self.E, CPU_BLOCK_BYTES // per))
 
-    def _blocks_for(self, params: Params, x: Tensor) -> list[_Block]:
+    def _blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:
         b, n = self.block_size(x), x.shape[1]
         tensors = params.tensors()
         key = (b, n, x.dtype, x.device)
@@ -284,20 +299,25 @@ class EnsembleStep:
         if hit is not None:
             cached, bufs, blocks = hit
             if len(cached) == len(tensors) and all(map(operator.is_, cached, tensors)):
-                return blocks
+                return bufs, blocks
         else:
             dims = self.net.dims
             new = lambda *s: torch.empty(*s, dtype=x.dtype, device=x.device)  # noqa: E731
             bufs = [new(b, n, w) for w in dims[1:-1]] + [new(b, dims[-1], n)]
             bufs += [new(b, n, max(dims[1:])) for _ in range(2)]  # linear nets: δ ping-pongs
+            bufs += [new(self.E, 1, 1), new(self.E, 1, 1)]  # Σ resid², and η/n per member
             if len(self._cache) >= 4:  # e.g. minibatch and full batch: a few shapes at most
                 self._cache.clear()
+        # blocks of equal size (±1), none larger than b
+        n_blocks = -(-self.E // b)
+        bounds = [(i * self.E) // n_blocks for i in range(n_blocks + 1)]
         blocks = [
-            _Block(params, bufs, self.net.dims, s, min(s + b, self.E)) for s in range(0, self.E, b)
+            _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e)
+            for s, e in zip(bounds[:-1], bounds[1:])
         ]
         # the cache holds the tensors themselves, so their ids cannot be reused meanwhile
         self._cache[key] = (tensors, bufs, blocks)
-        return blocks
+        return bufs, blocks
 
     def _data_for(self, x: Tensor, y: Tensor, blocks: list[_Block]) -> list[tuple[Tensor, Tensor]]:
         if self._data is not None:
@@ -309,45 +329,37 @@ class EnsembleStep:
         return data
 
     # -- activations, in place -------------------------------------------------------------
-    def _phi_(self, z: Tensor, k: _Block) -> Tensor:
-        a = self.net.activation
+    def _activations(self):
+        """(φ in place on z, δ = back ∘ φ'(z) written over h = φ(z) where possible)."""
+        a, slope = self.net.activation, self._slope_scalar
         if a == "relu":
-            return z.relu_()
+            relu_bw = torch.ops.aten.threshold_backward.grad_input
+            return (
+                lambda z, k: z.relu_(),
+                lambda back, h, k: relu_bw(back, h, 0.0, grad_input=h),
+            )
         if a == "tanh":
-            return z.tanh_()
-        if a == "leaky_relu":
-            if self._slope_scalar is not None:
-                return torch.nn.functional.leaky_relu_(z, self._slope_scalar)
-            return torch.where(z > 0, z, z * self.net._slope[k.s : k.e])
-        return z
-
-    def _dphi_(self, back: Tensor, h: Tensor, k: _Block) -> Tensor:
-        """δ = back ∘ φ'(z), written over h = φ(z) where possible (h is not needed after)."""
-        a = self.net.activation
-        if a == "relu":
-            return torch.ops.aten.threshold_backward.grad_input(back, h, 0.0, grad_input=h)
-        if a == "tanh":
-            return torch.addcmul(back, back, h.square_(), value=-1.0, out=h)
+            return (
+                lambda z, k: z.tanh_(),
+                lambda back, h, k: torch.addcmul(back, back, h.square_(), value=-1.0, out=h),
+            )
         if a == "leaky_relu":
             # h > 0 iff z > 0 for every slope ≥ 0 (h = slope·z ≤ 0 otherwise)
-            slope = self._slope_scalar
-            if slope is None:
-                slope = self.net._slope[k.s : k.e]
-            return torch.where(h > 0, back, back * slope)
-        return back
+            if slope is not None:
+                return (
+                    lambda z, k: torch.nn.functional.leaky_relu_(z, slope),
+                    lambda back, h, k: torch.where(h > 0, back, back * slope),
+                )
+            slopes = self.net._slope
+            return (
+                lambda z, k: torch.where(z > 0, z, z * slopes[k.s : k.e]),
+                lambda back, h, k: torch.where(h > 0, back, back * slopes[k.s : k.e]),
+            )
+        return (lambda z, k: z), (lambda back, h, k: back)
 
     # -- one block -------------------------------------------------------------------------
-    def _block(
-        self,
-        k: _Block,
-        x: Tensor,
-        y_t: Tensor,
-        sq: Tensor,
-        scale: Tensor | float | None,
-        grads: Params | None,
-    ) -> None:
-        net, L = self.net, self.net.depth
-        c = net.multipliers
+    def _block(self, k: _Block, x: Tensor, y_t: Tensor, scaled: bool, grads: Params | None) -> None:
+        L, c, phi, dphi = self.net.depth, self._c, self._phi, self._dphi
         posts = [x]
         h = x
         for l in range(L - 1):
@@ -358,22 +370,21 @@ class EnsembleStep:
                 torch.bmm(h, k.wt[l], out=z)
             else:
                 torch.baddbmm(z, h, k.wt[l], beta=0.0, alpha=c[l], out=z)
-            h = self._phi_(z, k)
+            h = phi(z, k)
             posts.append(h)
         out_t = k.z[L - 1]
-        h_t = h.transpose(1, 2)
+        h_t = k.zt[L - 2] if L > 1 and h is k.z[L - 2] else h.transpose(1, 2)
         if k.bias_in is not None:
             torch.baddbmm(k.bias_in[L - 1], k.w[L - 1], h_t, alpha=c[L - 1], out=out_t)
         else:
             torch.baddbmm(out_t, k.w[L - 1], h_t, beta=0.0, alpha=c[L - 1], out=out_t)
-        resid_t = out_t.sub_(y_t)
-        flat = resid_t.view(resid_t.shape[0], 1, -1)
-        torch.bmm(flat, flat.transpose(1, 2), out=sq[k.s : k.e])
-        if scale is None:  # loss only
+        out_t.sub_(y_t)  # the residual, transposed
+        torch.bmm(k.flat, k.flat_t, out=k.sq)
+        if not scaled:  # loss only
             return
         # δ_L = ∂L/∂f = resid / n, times η when the update is fused; δᵀ for the top layer
-        delta_t = resid_t.mul_(scale if isinstance(scale, float) else scale[k.s : k.e])
-        delta = delta_t.transpose(1, 2)
+        delta_t = out_t.mul_(k.scale)
+        delta = k.zt[L - 1]
         for l in range(L - 1, -1, -1):
             back = k.back[l]
             if back is not None:
@@ -388,8 +399,8 @@ class EnsembleStep:
                 if k.bias is not None:
                     torch.sum(delta_t, 2, out=grads.biases[l][k.s : k.e])
             if back is not None:
-                delta = self._dphi_(back, posts[l], k)
-                delta_t = delta.transpose(1, 2)
+                delta = dphi(back, posts[l], k)
+                delta_t = k.zt[l - 1] if delta is k.z[l - 1] else delta.transpose(1, 2)
 
     def _run(
         self,
@@ -401,15 +412,17 @@ class EnsembleStep:
         backward: bool = True,
     ) -> Tensor:
         E, n = self.E, x.shape[1]
-        blocks = self._blocks_for(params, x)
+        bufs, blocks = self._blocks_for(params, x)
         data = self._data_for(x, y, blocks)
-        sq = torch.empty(E, 1, 1, dtype=x.dtype, device=x.device)
-        scale = 1.0 / n if eta is None else (eta * (1.0 / n)).view(E, 1, 1)
-        if not backward:
-            scale = None
+        sq, scale = bufs[-2].view(E), bufs[-1].view(E)
+        if backward:
+            if eta is None:
+                scale.fill_(1.0 / n)
+            else:
+                torch.mul(eta, 1.0 / n, out=scale)
         for k, (xb, yb) in zip(blocks, data):
-            self._block(k, xb, yb, sq, scale, grads)
-        return sq.view(E).mul_(0.5 / n)
+            self._block(k, xb, yb, backward, grads)
+        return sq * (0.5 / n)
 
     def loss(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
         """Per-member loss (E,) at θ: :func:`mse_loss` of the forward pass, in blocks."""

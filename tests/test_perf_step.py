@@ -126,8 +126,15 @@ def test_block_size_from_cache_budget_is_balanced():
     step = EnsembleStep(net, 256)
     b = step.block_size(x)
     per = block_bytes_per_member(net.dims, 128, 8)
-    assert 1 <= b <= max(1, CPU_BLOCK_BYTES // per)
-    assert 256 % b == 0 or (-(-256 // b)) * b - 256 < -(-256 // b)  # equal blocks (±1)
+    assert b == max(1, CPU_BLOCK_BYTES // per) and 1 < b < 256
+    params = Params(
+        [torch.zeros(256, o, i, dtype=torch.float64) for i, o in zip(net.dims[:-1], net.dims[1:])],
+        None,
+    )
+    _, blocks = step._blocks_for(params, x)
+    sizes = [k.e - k.s for k in blocks]
+    assert sum(sizes) == 256 and max(sizes) <= b and max(sizes) - min(sizes) <= 1
+    assert [k.s for k in blocks[1:]] == [k.e for k in blocks[:-1]]
     assert EnsembleStep(net, 256, block=5).block_size(x) == 5
     huge = EnsembleMLP(ModelConfig(depth=3, width=4096), 10, 1)
     assert EnsembleStep(huge, 8).block_size(x[:8]) == 1
