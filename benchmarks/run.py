@@ -43,7 +43,9 @@ class Sizes:
     baseline_points: int = 32
     flop_widths: tuple[int, ...] = (256, 1024)
     flop_points: tuple[int, ...] = (32, 4)
-    flop_steps: int = 300
+    flop_steps: int = 100
+    #: the FLOP rate is the best of this many runs, as the peak is the best of many
+    flop_repeats: int = 3
     linear_points: tuple[int, ...] = (64, 256, 1024)
     linear_steps: int = 300
     linear_log_points: int = 30
@@ -60,7 +62,8 @@ MODES = {
         baseline_points=4,
         flop_widths=(256,),
         flop_points=(8,),
-        flop_steps=50,
+        flop_steps=30,
+        flop_repeats=2,
         linear_points=(16, 32, 64),
         linear_steps=50,
         linear_log_points=10,
@@ -79,6 +82,7 @@ MODES = {
         flop_widths=(16,),
         flop_points=(2,),
         flop_steps=5,
+        flop_repeats=2,
         linear_points=(2, 4),
         linear_steps=6,
         linear_log_points=3,
@@ -265,7 +269,9 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
         fspec = training.grid_spec(
             n, sz.flop_steps, w, sz.depth, sz.n_train, log_points=2, name=f"flops{w}"
         )
-        raw[f"flops_width_{w}"] = training.phasesweep_inprocess(training.grid_points(fspec))
+        raw[f"flops_width_{w}"] = training.best_of(
+            sz.flop_repeats, training.phasesweep_inprocess, training.grid_points(fspec)
+        )
 
     for n in sz.linear_points:
         _log(f"linearity: {n} points")
@@ -340,7 +346,8 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
             f"measured on {len(sub)} of {len(points)} points ({ray_res['tune_s']:.1f} s); "
             f"Tune's fixed start-up ({ray_res['tune_fixed_s']:.1f} s, 2 trials of 1 step) "
             f"kept once, the rest x{scale:g} per point; final losses equal phasesweep's "
-            f"to {ray_res['diff']:.1e}",
+            f"to {ray_res['diff']:.1e}; inside the trials {ray_res['tune_trial_s']:.1f} s "
+            f"(CPU-summed) of which tune.report {ray_res['tune_report_s']:.1f} s",
         )
         rep.figure("speedup vs (a)", a_full / ray_res["phasesweep_s"], "x", f"{n_cpus} CPUs each")
     flop_ratios = []
@@ -352,8 +359,9 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
             f"training FLOP rate, width {w}",
             r["train_flop_rate"] / 1e9,
             "GFLOP/s",
-            f"{ratio:.0%} of (c); {r['points']} points x {r['steps']} steps, "
-            f"blocks of {r['block']} members",
+            f"{ratio:.0%} of (c); {r['points']} points x {r['steps']} steps, blocks of "
+            f"{r['block']} members; best of {len(r['repeats'])} runs (median "
+            f"{sorted(r['repeats'])[len(r['repeats']) // 2] / r['train_s']:.2f}x its time)",
         )
     rep.figure(
         "metrics / training time",
@@ -434,6 +442,7 @@ def _ray_pieces(spec, points, sub, reference: dict[str, float]) -> dict[str, Any
         _log(f"(a) one Ray Tune trial per point, {len(sub)} points")
         a = training.ray_tune_baseline(sub)
         out["tune_s"] = a["wall_s"]
+        out["tune_trial_s"], out["tune_report_s"] = a["trial_s"], a["report_s"]
         _log("phasesweep via Ray Tune and the store")
         store_dir = tempfile.mkdtemp(prefix="phasesweep-bench-run-")
         try:
