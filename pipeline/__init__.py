@@ -1,0 +1,41 @@
+"""phasesweep's pipeline: sweep spec → grid → chunks → vectorized ensemble training on Ray.
+
+The public surface is re-exported here; the modules behind it are private
+details that may move. Typical use from Python::
+
+    from pipeline import load_spec, expand, make_chunks, train_chunk
+
+    spec, _ = load_spec("sweeps/quickstart.yaml", ["train.steps=500"])
+    chunks = make_chunks(expand(spec), spec)
+    tables = train_chunk(chunks[0])      # {"runs", "trajectories", "layers"}: pyarrow Tables
+
+Concurrency: :func:`train_chunk` uses the calling process's torch threads; set
+``torch.set_num_threads`` to the CPUs the process owns (with more threads than
+cores, small batched ops slow down by an order of magnitude).
+"""
+
+from pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
+from pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
+
+
+def __getattr__(name: str) -> object:
+    # The trainer pulls in torch: imported on first use so the CLI starts fast.
+    if name == "train_chunk":
+        from pipeline.trainer import train_chunk
+
+        return train_chunk
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+
+__all__ = [
+    "Chunk",
+    "Point",
+    "RunConfig",
+    "SpecError",
+    "SweepSpec",
+    "expand",
+    "load_spec",
+    "make_chunks",
+    "run_id_of",
+    "train_chunk",
+    "validate_spec",
+]

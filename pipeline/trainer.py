@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -388,8 +387,3 @@ def _list_array(values: np.ndarray) -> pa.ListArray:
 def train_chunk(chunk: Chunk, device: str | torch.device = "cpu") -> dict[str, pa.Table]:
     """Train ``chunk`` as one ensemble and return its tables (see :class:`ChunkTrainer`)."""
     return ChunkTrainer(chunk, device).run()
-
-
-def train_points(points: Sequence, device: str | torch.device = "cpu") -> dict[str, pa.Table]:
-    """Convenience: train arbitrary points of equal shape as one chunk (id ``adhoc``)."""
-    return train_chunk(Chunk("adhoc", tuple(points)), device)
