@@ -19,6 +19,8 @@ trajectories
                           (:mod:`pipeline.ntk`; trace kernel over outputs); needs ``metrics.ntk``.
     ``kernel_alignment``  ⟨K_t, YYᵀ⟩_F / (‖K_t‖_F ‖YYᵀ‖_F), Y the probe labels
                           (= ⟨K, yyᵀ⟩ / (‖K‖ ‖y‖²) for one output).
+    ``kernel_rel_change`` ‖K_t − K_0‖_F / ‖K_0‖_F: first order in the kernel's movement
+                          (∝ m^-1/2 when lazy); needs ``metrics.ntk``.
     ``ntk_eig_min/max``   smallest / largest eigenvalue of K_t (P×P).
     ``act_flip_frac``     fraction of (probe input, hidden unit) pairs, pooled over all
                           hidden layers, whose pre-activation sign (z > 0 or not) differs
@@ -71,6 +73,7 @@ from pipeline.ntk import (
     extreme_eigenvalues,
     kernel_alignment,
     kernel_distance,
+    kernel_rel_change,
     sensitivities,
 )
 from pipeline.spec import MetricsConfig, RunConfig
@@ -264,6 +267,7 @@ class MetricRecorder:
         if self.k0 is not None:
             k = empirical_ntk(net, params, self.probe_x, fwd=fwd)
             out["kernel_distance"] = kernel_distance(k, self.k0)
+            out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
             out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k)
 

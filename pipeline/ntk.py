@@ -96,6 +96,16 @@ def kernel_distance(k: Tensor, k0: Tensor) -> Tensor:
     return (1.0 - inner / (_fro(k) * _fro(k0))).clamp_(min=0.0)
 
 
+def kernel_rel_change(k: Tensor, k0: Tensor) -> Tensor:
+    """‖K − K0‖_F / ‖K0‖_F per member: (E, P, P) → (E,).
+
+    First order in the kernel's movement, so in the lazy regime it shrinks like
+    m^-1/2 with the width; :func:`kernel_distance` (one minus a cosine) is second
+    order in the rotation and falls faster.
+    """
+    return _fro(k - k0) / _fro(k0)
+
+
 def kernel_alignment(k: Tensor, y: Tensor) -> Tensor:
     """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out). For k_out = 1 the
     denominator is ‖K‖_F ‖y‖²."""

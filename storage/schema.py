@@ -89,6 +89,7 @@ TRAJECTORIES = pa.schema(
         ("param_norm", F64),  # ||theta||
         ("output_norm", F64),  # RMS of f over the probe set
         ("even_part_frac", F64),  # symmetric data: ||f_even|| / ||f|| on the probe set
+        ("kernel_rel_change", F64),  # ||K_t - K_0||_F / ||K_0||_F on the probe set
     ]
 )
 

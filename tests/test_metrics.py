@@ -207,6 +207,7 @@ def _ref_trajectory(cfg, net_dims, ws, bs, ws0, bs0, probe, probe_y, x_test, bas
     y = probe_y.numpy()
     out = {
         "kernel_distance": 1 - np.sum(K * K0) / (np.linalg.norm(K) * np.linalg.norm(K0)),
+        "kernel_rel_change": np.linalg.norm(K - K0) / np.linalg.norm(K0),
         "kernel_alignment": float(y[:, 0] @ K @ y[:, 0])
         / (np.linalg.norm(K) * float(y[:, 0] @ y[:, 0])),
         "ntk_eig_min": np.linalg.eigvalsh(K)[0],
