@@ -16,14 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import yaml
 
 from analysis import series as ser
 from analysis.escape import escape_times
 from analysis.plateaus import plateau_frame
 from analysis.regimes import classify
 from analysis.scaling import fit_scaling
-from pipeline.spec import SHORT_NAMES, AnalysisConfig, SweepSpec, validate_spec
+from pipeline.spec import SHORT_NAMES, AnalysisConfig, SweepSpec, parse_yaml, validate_spec
 from storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ def load_spec(store, sweep: str) -> SweepSpec | None:
     if text is None:
         return None
     try:
-        return validate_spec(yaml.safe_load(text))
+        return validate_spec(parse_yaml(text))
     except Exception as e:  # an old spec must not block the analysis: defaults apply
         log.warning("stored spec of sweep %s does not validate (%s); using defaults", sweep, e)
         return None

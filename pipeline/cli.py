@@ -213,13 +213,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _spec_points(store: object, sweep: str) -> int | None:
-    import yaml
-
     from pipeline.grid import expand
-    from pipeline.spec import validate_spec
+    from pipeline.spec import parse_yaml, validate_spec
 
     text = store.read_spec(sweep)
-    return None if text is None else len(expand(validate_spec(yaml.safe_load(text))))
+    return None if text is None else len(expand(validate_spec(parse_yaml(text))))
 
 
 def _sql_str(text: str) -> str:

@@ -425,21 +425,43 @@ def raise_from_validation(err: ValidationError, raw: Any, prefix: str = "") -> N
     raise SpecError(key, value, reason) from None
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; in a spec it is a float."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse spec YAML (safe; exponent floats without a dot included)."""
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as YAML; returns (dotted key, value)."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise SpecError("--set", text, "expected KEY=VALUE")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = parse_yaml(value) if value.strip() else None
     except yaml.YAMLError as e:
         raise SpecError(key.strip(), value, f"value is not valid YAML: {e}") from None
     return key.strip(), parsed
 
 
 def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``raw[k1][k2]...`` = value for the dotted ``key``, creating sections as needed."""
+    """Set ``raw[k1][k2]...`` = value for the dotted ``key``, creating sections as needed.
+
+    Under ``grid.`` the rest of the key is one axis name, which may itself be a
+    dotted path: ``grid.data.delta=[0, 0.1]`` sets the axis ``data.delta``.
+    """
     parts = key.split(".")
+    if parts[0] == "grid" and len(parts) > 2:
+        parts = ["grid", ".".join(parts[1:])]
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -461,7 +483,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise SpecError("SPEC", str(path), f"cannot read: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as e:
         raise SpecError("SPEC", str(path), f"malformed YAML: {e}") from None
     if not isinstance(raw, dict):

@@ -327,6 +327,7 @@ class ChunkTrainer:
             "depth": [c.model.depth for c in configs],
             "noise_sigma": [c.data.noise_sigma for c in configs],
             "lr": [c.train.lr for c in configs],
+            "lr_effective": [member_lr(c) for c in configs],
             "seed": [c.train.seed for c in configs],
             "activation": [c.model.activation for c in configs],
             "bias": [c.model.bias for c in configs],

@@ -65,6 +65,7 @@ RUNS = pa.schema(
         ("error", pa.string()),  # message of a failed run, else NULL
         ("torch_threads", I64),  # intra-op threads the trial trained with (= its CPUs)
         ("node_id", pa.string()),  # Ray node that trained the run (NULL outside Ray)
+        ("lr_effective", F64),  # train.lr after the spec's lr_scaling rule (before schedules)
     ]
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -102,6 +103,17 @@ def test_dry_run_reports_points_chunks_memory_and_work(tmp_path, capsys):
     assert not store.exists()
 
 
+def test_set_parses_exponent_floats_and_dotted_grid_axes(tmp_path, capsys):
+    spec = write_spec(tmp_path, TINY)
+    args = ["run", str(spec), "--store", str(tmp_path / "s"), "--dry-run"]
+    assert (
+        main([*args, "--set", "model.init_scale=1e-3", "--set", "grid.init_scale=[1e-3, 2.5E+1]"])
+        == 0
+    )
+    assert main([*args, "--set", "grid.data.noise_sigma=[0, 1e-2]"]) == 0
+    assert "12 points" in capsys.readouterr().out  # 2 init scales x 3 seeds x 2 sigmas
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
@@ -186,7 +198,9 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path):
     done = _cli(["run", str(spec), "--store", str(store), "--no-progress"])
     _, err = done.communicate(timeout=300)
     assert done.returncode == 0, err
-    assert f"skipping {committed} already stored" in err
+    # Ray workers orphaned by the kill may still commit a chunk they were finishing
+    skipped = int(re.search(r"skipping (\d+) already stored", err).group(1))
+    assert committed <= skipped < 6
     assert _count(store, "SELECT count(*) FROM runs") == 6
     assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 6
     assert _count(store, "SELECT count(*) - count(DISTINCT (run_id, step)) FROM trajectories") == 0

@@ -162,6 +162,21 @@ def test_divergent_member_is_stopped_and_others_unaffected():
     _assert_same(sub, alone)
 
 
+def test_lr_scaling_rule_is_applied_and_stored():
+    spec = _spec(
+        train={"lr": 0.1, "lr_scaling": {"init_scale_power": -2, "init_scale_floor": 1.0}},
+        grid={"init_scale": [0.5, 2.0]},
+    )
+    runs = (
+        train_chunk(make_chunks(expand(spec), spec)[0])["runs"]
+        .to_pandas()
+        .sort_values("init_scale")
+    )
+    np.testing.assert_allclose(runs.lr, [0.1, 0.1])
+    np.testing.assert_allclose(runs.lr_effective, [0.1, 0.1 / 4])  # floor 1: only g > 1 is scaled
+    np.testing.assert_allclose(runs.final_time, runs.lr_effective * spec.train.steps)
+
+
 def test_log_steps_are_log_spaced_with_ends():
     s = log_steps(5000, 100)
     assert s[0] == 0 and s[-1] == 5000 and np.all(np.diff(s) > 0)
