@@ -1,4 +1,5 @@
-"""Shared fixtures. Storage fixtures are prefixed ``store_``."""
+"""Shared fixtures. Storage fixtures are prefixed ``store_``; ``capture`` records the
+parameters the trainer's metric recorder saw at every logged step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import pipeline.trainer as trainer_mod
+from pipeline.metrics import MetricRecorder
+from pipeline.models import Params
 from storage import schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
@@ -97,3 +101,26 @@ def store_make_chunk() -> Callable[..., dict[str, pa.Table]]:
         }
 
     return make
+
+
+class Capture(MetricRecorder):
+    """The real recorder, also keeping the parameters it saw at every logged step."""
+
+    instances: list[Capture] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[Params] = []
+        Capture.instances.append(self)
+
+    def trajectory(self, params, grads):
+        self.seen.append(params.clone())
+        return super().trajectory(params, grads)
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """Swap the trainer's MetricRecorder for :class:`Capture`; returns the class."""
+    Capture.instances = []
+    monkeypatch.setattr(trainer_mod, "MetricRecorder", Capture)
+    return Capture

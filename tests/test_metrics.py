@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-import pipeline.trainer as trainer_mod
 from pipeline.datasets import data_seed, make_dataset
 from pipeline.grid import Chunk, expand, make_chunks
 from pipeline.init import init_params
@@ -112,28 +111,6 @@ def _spec(grid=None, **sections):
     for key, value in sections.items():
         base.setdefault(key, {}).update(value)
     return validate_spec(base)
-
-
-class Capture(MetricRecorder):
-    """The real recorder, also keeping the parameters it saw at every logged step."""
-
-    instances: list[Capture] = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list[Params] = []
-        Capture.instances.append(self)
-
-    def trajectory(self, params, grads):
-        self.seen.append(params.clone())
-        return super().trajectory(params, grads)
-
-
-@pytest.fixture
-def capture(monkeypatch):
-    Capture.instances = []
-    monkeypatch.setattr(trainer_mod, "MetricRecorder", Capture)
-    return Capture
 
 
 def _by(table, keys):

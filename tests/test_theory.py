@@ -24,11 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-import pipeline.trainer as trainer_mod
 from pipeline.datasets import DataBatch
 from pipeline.grid import Chunk, Point, expand, make_chunks
 from pipeline.init import init_params
-from pipeline.metrics import MetricRecorder
 from pipeline.models import EnsembleMLP, Params
 from pipeline.ntk import empirical_ntk
 from pipeline.spec import ModelConfig, validate_spec
@@ -47,28 +45,6 @@ def _spec(grid=None, **sections):
 
 def _by(table, keys):
     return table.to_pandas().sort_values(keys).reset_index(drop=True)
-
-
-class Capture(MetricRecorder):
-    """The real recorder, also keeping the parameters it saw at every logged step."""
-
-    instances: list[Capture] = []
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list[Params] = []
-        Capture.instances.append(self)
-
-    def trajectory(self, params, grads):
-        self.seen.append(params.clone())
-        return super().trajectory(params, grads)
-
-
-@pytest.fixture
-def capture(monkeypatch):
-    Capture.instances = []
-    monkeypatch.setattr(trainer_mod, "MetricRecorder", Capture)
-    return Capture
 
 
 # -- NTK of a wide two-layer ReLU net --------------------------------------------------------------
