@@ -19,6 +19,7 @@ the rows logged before it diverged; the others go on unaffected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -155,7 +156,12 @@ class ChunkTrainer:
         steps = t.steps
         logged = set(log_steps(steps, t.log_points).tolist())
         params = self.params0.clone()
-        recorder = MetricRecorder.for_run(self.net, self.params0, b, self.base, sorted(logged))
+        recorder = _member_blocks(
+            lambda net, params0, batch: MetricRecorder.for_run(
+                net, params0, batch, self.base, sorted(logged)
+            ),
+            self,
+        )
         sgd = t.optimizer == "sgd"
         self._perm = None
 
@@ -248,7 +254,7 @@ class ChunkTrainer:
         loss: Tensor,
         time_now: Tensor,
         alive: Tensor,
-        recorder: MetricRecorder,
+        recorder: MetricRecorder | _BlockedRecorder,
     ) -> None:
         b = self.batch
         if self.base.train.optimizer == "sgd":  # full-batch loss and gradient (new buffers:
@@ -355,6 +361,71 @@ class ChunkTrainer:
         for j, name in enumerate(CROSSING_COLUMNS):
             cols[name] = final["crossing"][:, j]
         return _table(RUNS, cols, E)
+
+
+#: Most members whose metrics are computed in one batch. Past this, the batched metric
+#: ops of a chunk stream from memory and cost more per member (benchmarks/: about twice
+#: as much at 1024 members as at 256), so larger chunks record theirs in blocks.
+METRICS_BLOCK = 256
+
+
+class _BlockedRecorder:
+    """One recorder per block of members, used like one recorder of the whole chunk."""
+
+    def __init__(self, bounds: list[tuple[int, int]], recorders: list) -> None:
+        self.bounds, self.recorders = bounds, recorders
+
+    def _each(self, method: str, params: Params, *tensors, **kwargs) -> dict[str, Tensor]:
+        parts = [
+            getattr(rec, method)(
+                _slice_params(params, s, e), *(_slice_params(t, s, e) for t in tensors), **kwargs
+            )
+            for (s, e), rec in zip(self.bounds, self.recorders)
+        ]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def trajectory(self, params: Params, grads: Params) -> dict[str, Tensor]:
+        return self._each("trajectory", params, grads)
+
+    def layers(self, params: Params, **kwargs) -> dict[str, Tensor]:
+        return self._each("layers", params, **kwargs)
+
+
+def _slice_params(p: Params, s: int, e: int) -> Params:
+    return Params(
+        [w[s:e] for w in p.weights], None if p.biases is None else [v[s:e] for v in p.biases]
+    )
+
+
+def _member_blocks(make, trainer: ChunkTrainer):
+    """``make(net, params0, batch)`` for the whole chunk, or per block of at most
+    :data:`METRICS_BLOCK` members (equal sizes ±1) wrapped as one recorder."""
+    E = trainer.E
+    if E <= METRICS_BLOCK:
+        return make(trainer.net, trainer.params0, trainer.batch)
+    n = -(-E // METRICS_BLOCK)
+    cuts = [(i * E) // n for i in range(n + 1)]
+    bounds = list(zip(cuts[:-1], cuts[1:]))
+    slope = trainer.net._slope
+    recorders = []
+    for s, e in bounds:
+        net = EnsembleMLP(
+            trainer.base.model,
+            trainer.batch.input_dim,
+            trainer.batch.output_dim,
+            leaky_slope=slope.reshape(-1)[s:e] if isinstance(slope, Tensor) else slope,
+        )
+        b = trainer.batch
+        batch = dataclasses.replace(
+            b,
+            x_train=b.x_train[s:e],
+            y_train=b.y_train[s:e],
+            x_test=b.x_test[s:e],
+            y_test=b.y_test[s:e],
+            codim_basis=None if b.codim_basis is None else b.codim_basis[s:e],
+        )
+        recorders.append(make(net, _slice_params(trainer.params0, s, e), batch))
+    return _BlockedRecorder(bounds, recorders)
 
 
 def _table(

@@ -231,3 +231,43 @@ def test_make_chunks_balanced_and_min_chunks():
         c.chunk_id for c in make_chunks(points, spec, 5)
     ]
     assert isinstance(make_chunks(points, spec)[0], Chunk)
+
+
+@pytest.mark.parametrize("kind", ["subspace", "symmetric"])
+def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, kind):
+    import pipeline.trainer as trainer_mod
+
+    data = {"kind": kind, "n_train": 16, "n_test": 20, "input_dim": 5}
+    if kind == "subspace":
+        data["subspace_dim"] = 2
+    spec = validate_spec(
+        {
+            "name": "t",
+            "model": {"depth": 3, "width": 12, "activation": "leaky_relu", "bias": True},
+            "data": data,
+            "train": {"steps": 30, "log_points": 6},
+            "metrics": {"probe_size": 8},
+            "grid": {"leaky_slope": [0.0, 0.1, 0.3], "seed": [0, 1, 2]},
+        }
+    )
+    chunk = make_chunks(expand(spec), spec)[0]
+    whole = train_chunk(chunk)
+    monkeypatch.setattr(trainer_mod, "METRICS_BLOCK", 4)  # 9 members: blocks of 3
+    blocked = train_chunk(chunk)
+    for name, keys in (
+        ("trajectories", ["run_id", "step"]),
+        ("layers", ["run_id", "step", "layer"]),
+    ):
+        a, b = _frame(whole, name, keys), _frame(blocked, name, keys)
+        assert list(a.columns) == list(b.columns) and len(a) == len(b)
+        for col in a.columns:
+            if col == "attempt":  # set by the store
+                continue
+            if a[col].dtype == object and col != "run_id":
+                x = np.concatenate([np.asarray(v, float) for v in a[col] if v is not None] or [[]])
+                y = np.concatenate([np.asarray(v, float) for v in b[col] if v is not None] or [[]])
+                np.testing.assert_allclose(x, y, rtol=1e-10, err_msg=col)
+            elif a[col].dtype.kind == "f":
+                np.testing.assert_allclose(a[col], b[col], rtol=1e-10, atol=1e-300, err_msg=col)
+            else:
+                assert (a[col] == b[col]).all(), col
