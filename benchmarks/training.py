@@ -169,11 +169,16 @@ def phasesweep_ray(
 ) -> dict[str, Any]:
     """The whole pipeline: chunks (at least ``n_trials``) as Ray Tune trials of 1 CPU,
     tables committed to a store at ``store_dir``. Ray must be initialised already."""
+    import resource
+
+    import pyarrow.dataset as ds
+
     from pipeline.driver import run_chunks
     from storage import Store
 
     store = Store.open(store_dir)
     chunks = make_chunks(points, spec, min_chunks=n_trials)
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     outcome = run_chunks(
         store,
@@ -185,14 +190,22 @@ def phasesweep_ray(
         progress=False,
     )
     wall = time.perf_counter() - started
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
     if outcome.failed or outcome.trained != len(points):
         raise RuntimeError(f"phasesweep run failed: {outcome}")
     files = [f for e in store.manifest(spec.name) for f in e["files"]]
     traj = [f for f in files if f["table"] == "trajectories"]
+    runs = ds.dataset(store.files("runs", spec.name), format="parquet").to_table(
+        columns=["chunk_id", "chunk_wall_seconds"]
+    )
+    trainer_s = dict(zip(runs.column(0).to_pylist(), runs.column(1).to_pylist()))
     return {
         "wall_s": wall,
         "points": len(points),
         "chunks": len(chunks),
+        # the trainer's wall time inside each trial, and the CPU the driver (Tune) used
+        "trainer_s": sorted(trainer_s.values()),
+        "driver_cpu_s": (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime),
         "trajectory_rows": sum(f["rows"] for f in traj),
         "trajectory_bytes": sum(f["bytes"] for f in traj),
     }
