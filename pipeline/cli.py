@@ -127,7 +127,7 @@ def _fail(message: str) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import yaml
 
-    from pipeline.driver import flops_estimate, run_chunks
+    from pipeline.driver import flops_estimate, run_chunks, trial_slots
     from pipeline.grid import expand, make_chunks, member_bytes
     from pipeline.spec import load_spec
 
@@ -138,7 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = _open_store(args.store)
     done = store.done_run_ids(spec.name)
     todo = [p for p in points if p.run_id not in done]
-    chunks = make_chunks(todo, spec)
+    # at least one chunk per concurrent trial, so no core idles on a small grid
+    slots = trial_slots(None if args.dry_run else args.address, args.cpus_per_trial)
+    chunks = make_chunks(todo, spec, min_chunks=slots)
     if args.dry_run:
         peak = max((len(c.points) * member_bytes(c.points[0].config) for c in chunks), default=0)
         flops = flops_estimate(todo)

@@ -243,6 +243,19 @@ def run_chunks(
     return outcome
 
 
+def trial_slots(address: str | None, cpus_per_trial: float) -> int:
+    """How many trials of ``cpus_per_trial`` CPUs run at once: on the cluster at
+    ``address`` (connecting to it), or on this machine when ``address`` is None."""
+    if address:
+        import ray
+
+        _ray_init(address)
+        cpus = ray.cluster_resources().get("CPU", 1)
+    else:
+        cpus = os.cpu_count() or 1
+    return max(1, int(cpus // cpus_per_trial))
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 

@@ -37,12 +37,18 @@ def parquet_bytes(table: pa.Table) -> bytes:
     """
     n_groups = max(1, math.ceil(table.num_rows / MAX_ROW_GROUP))
     sink = pa.BufferOutputStream()
+    floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
     pq.write_table(
         table,
         sink,
         compression="zstd",
         row_group_size=max(1, math.ceil(table.num_rows / n_groups)),
         write_statistics=True,
+        # Measurements don't repeat: dictionaries only pay for the (few, long) strings,
+        # and byte-stream-split floats encode ~2.5x faster and compress better.
+        use_dictionary=strings,
+        column_encoding=dict.fromkeys(floats, "BYTE_STREAM_SPLIT"),
     )
     return sink.getvalue().to_pybytes()
 
