@@ -26,6 +26,7 @@ def __getattr__(name: str) -> object:
         return train_chunk
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
 
+
 __all__ = [
     "Chunk",
     "Point",
