@@ -46,6 +46,16 @@ def log_steps(steps: int, log_points: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], inner, [steps]]))
 
 
+def configure_tf32(device: torch.device, allow: bool) -> None:
+    """On CUDA, TF32 matmuls silently lose float32 precision: off unless the spec asks.
+
+    A process-wide setting of torch; trials train one chunk at a time, so it holds
+    for the whole chunk."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = allow
+        torch.backends.cudnn.allow_tf32 = allow
+
+
 def member_lr(config: RunConfig) -> float:
     """Base learning rate after the spec's scaling rule."""
     s = config.train.lr_scaling
@@ -90,6 +100,7 @@ class ChunkTrainer:
         self.base = base
         self.device = torch.device(device)
         self.dtype = getattr(torch, base.train.dtype)
+        configure_tf32(self.device, base.train.allow_tf32)
         E = len(self.configs)
         self.E = E
         self.batch: DataBatch = stack(

@@ -12,7 +12,7 @@ from pipeline.init import init_params
 from pipeline.models import EnsembleMLP
 from pipeline.seeding import permutations
 from pipeline.spec import validate_spec
-from pipeline.trainer import log_steps, train_chunk
+from pipeline.trainer import configure_tf32, log_steps, train_chunk
 
 torch.set_num_threads(1)
 
@@ -210,3 +210,17 @@ def test_singular_value_lists_hold_only_existing_values():
     lengths = layers.groupby("layer").top_sv.apply(lambda s: {len(v) for v in s if v is not None})
     assert lengths.to_dict() == {1: {2}, 2: {1}}  # min(fan_out, fan_in) values, no NaN padding
     assert all(np.all(np.diff(v) <= 0) for v in layers.top_sv if v is not None)
+
+
+def test_tf32_follows_the_spec_on_cuda_and_is_untouched_on_cpu():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        configure_tf32(torch.device("cuda"), True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        configure_tf32(torch.device("cuda"), False)
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        configure_tf32(torch.device("cpu"), False)
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
