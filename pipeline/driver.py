@@ -114,30 +114,16 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     """``runs`` rows with status 'failed' for points whose trial failed after retries."""
     from datetime import datetime, timezone
 
+    from pipeline.trainer import point_columns, table_of
+
     n = len(points)
-    cols = {
-        "run_id": [p.run_id for p in points],
-        "chunk_id": [chunk_id] * n,
-        "status": ["failed"] * n,
-        "init_scale": [p.config.model.init_scale for p in points],
-        "width": [p.config.model.width for p in points],
-        "depth": [p.config.model.depth for p in points],
-        "noise_sigma": [p.config.data.noise_sigma for p in points],
-        "lr": [p.config.train.lr for p in points],
-        "seed": [p.config.train.seed for p in points],
-        "activation": [p.config.model.activation for p in points],
-        "bias": [p.config.model.bias for p in points],
-        "parameterization": [p.config.model.parameterization for p in points],
-        "data_kind": [p.config.data.kind for p in points],
-        "steps": [p.config.train.steps for p in points],
-        "config": [p.config.model_dump_json() for p in points],
-        "finished_at": [datetime.now(timezone.utc)] * n,
-        "error": [error[-2000:]] * n,
-    }
-    arrays = [
-        pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, f.type) for f in RUNS
-    ]
-    return pa.Table.from_arrays(arrays, schema=RUNS)
+    cols = point_columns(points, chunk_id)
+    cols.update(
+        status=["failed"] * n,
+        finished_at=[datetime.now(timezone.utc)] * n,
+        error=[error[-2000:]] * n,
+    )
+    return table_of(RUNS, cols, n)
 
 
 def _on_loopback(address: str | None) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from pipeline.datasets import DataBatch, data_seed, make_dataset, stack
-from pipeline.grid import Chunk
+from pipeline.grid import Chunk, Point
 from pipeline.init import init_params
 from pipeline.metrics import MetricRecorder
 from pipeline.models import EnsembleMLP, EnsembleStep, Params
@@ -296,7 +297,7 @@ class ChunkTrainer:
         }
         for name, values in log.traj.items():
             traj_cols[name] = np.stack(values, 1).reshape(-1)[rows]
-        trajectories = _table(TRAJECTORIES, traj_cols, int(rows.sum()))
+        trajectories = table_of(TRAJECTORIES, traj_cols, int(rows.sum()))
 
         layer_rows = np.repeat(rows, depth)
         layer_cols: dict[str, np.ndarray] = {
@@ -311,7 +312,7 @@ class ChunkTrainer:
                 list_cols[name] = arr.reshape(-1, arr.shape[-1])[layer_rows]
             else:
                 layer_cols[name] = arr.reshape(-1)[layer_rows]
-        layers = _table(LAYERS, layer_cols, int(layer_rows.sum()), list_cols)
+        layers = table_of(LAYERS, layer_cols, int(layer_rows.sum()), list_cols)
 
         return {
             "trajectories": trajectories,
@@ -334,44 +335,28 @@ class ChunkTrainer:
             for w in self.params0.weights
         ]
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        configs = self.configs
-        cols: dict[str, object] = {
-            "run_id": [p.run_id for p in self.chunk.points],
-            "chunk_id": [self.chunk.chunk_id] * E,
-            "status": np.where(alive_end, "completed", "diverged"),
-            "init_scale": [c.model.init_scale for c in configs],
-            "width": [c.model.width for c in configs],
-            "depth": [c.model.depth for c in configs],
-            "noise_sigma": [c.data.noise_sigma for c in configs],
-            "lr": [c.train.lr for c in configs],
-            "lr_effective": [member_lr(c) for c in configs],
-            "seed": [c.train.seed for c in configs],
-            "activation": [c.model.activation for c in configs],
-            "bias": [c.model.bias for c in configs],
-            "parameterization": [c.model.parameterization for c in configs],
-            "data_kind": [c.data.kind for c in configs],
-            "steps": [c.train.steps for c in configs],
-            "config": [c.model_dump_json() for c in configs],
-            "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
-            "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
-            "wall_seconds": np.full(E, wall / E),
-            "device": [device] * E,
-            "finished_at": [datetime.now(timezone.utc)] * E,
-            "input_dim": [self.batch.input_dim] * E,
-            "n_train": [c.data.n_train for c in configs],
-            "leaky_slope": [c.model.leaky_slope for c in configs],
-            "optimizer": [c.train.optimizer for c in configs],
-            "initial_train_loss": last_train[:, 0],
-            "final_step": final["final_step"],
-            "final_time": pick(last_time),
-            "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
-            "chunk_size": np.full(E, E),
-            "chunk_wall_seconds": np.full(E, wall),
-            "torch_threads": np.full(E, torch.get_num_threads()),
-        }
+        cols = point_columns(self.chunk.points, self.chunk.chunk_id)
+        cols.update(
+            {
+                "status": np.where(alive_end, "completed", "diverged"),
+                "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
+                "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
+                "wall_seconds": np.full(E, wall / E),
+                "device": [device] * E,
+                "finished_at": [datetime.now(timezone.utc)] * E,
+                "input_dim": [self.batch.input_dim] * E,
+                "initial_train_loss": last_train[:, 0],
+                "final_step": final["final_step"],
+                "final_time": pick(last_time),
+                "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
+                "chunk_size": np.full(E, E),
+                "chunk_wall_seconds": np.full(E, wall),
+                "torch_threads": np.full(E, torch.get_num_threads()),
+            }
+        )
         for j, name in enumerate(CROSSING_COLUMNS):
             cols[name] = final["crossing"][:, j]
-        return _table(RUNS, cols, E)
+        return table_of(RUNS, cols, E)
 
 
 #: Most members whose metrics are computed in one batch. Past this, the batched metric
@@ -439,7 +424,32 @@ def _member_blocks(make, trainer: ChunkTrainer):
     return _BlockedRecorder(bounds, recorders)
 
 
-def _table(
+def point_columns(points: Sequence[Point], chunk_id: str) -> dict[str, list]:
+    """The ``runs`` columns that follow from the points' configs alone (one entry per point)."""
+    cfg = [p.config for p in points]
+    return {
+        "run_id": [p.run_id for p in points],
+        "chunk_id": [chunk_id] * len(points),
+        "init_scale": [c.model.init_scale for c in cfg],
+        "width": [c.model.width for c in cfg],
+        "depth": [c.model.depth for c in cfg],
+        "noise_sigma": [c.data.noise_sigma for c in cfg],
+        "lr": [c.train.lr for c in cfg],
+        "lr_effective": [member_lr(c) for c in cfg],
+        "seed": [c.train.seed for c in cfg],
+        "activation": [c.model.activation for c in cfg],
+        "bias": [c.model.bias for c in cfg],
+        "parameterization": [c.model.parameterization for c in cfg],
+        "data_kind": [c.data.kind for c in cfg],
+        "steps": [c.train.steps for c in cfg],
+        "config": [c.model_dump_json() for c in cfg],
+        "n_train": [c.data.n_train for c in cfg],
+        "leaky_slope": [c.model.leaky_slope for c in cfg],
+        "optimizer": [c.train.optimizer for c in cfg],
+    }
+
+
+def table_of(
     schema: pa.Schema,
     columns: dict[str, object],
     n_rows: int,
