@@ -54,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run", action="store_true", help="print points, chunks and estimates; write nothing"
     )
-    run.add_argument("--cpus-per-trial", type=_positive(float), default=1.0)
-    run.add_argument("--gpus-per-trial", type=_nonnegative(float), default=0.0)
-    run.add_argument("--max-retries", type=_nonnegative(int), default=2)
+    run.add_argument("--cpus-per-trial", type=_bounded(float, 0, strict=True), default=1.0)
+    run.add_argument("--gpus-per-trial", type=_bounded(float, 0, strict=False), default=0.0)
+    run.add_argument("--max-retries", type=_bounded(int, 0, strict=False), default=2)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     status = sub.add_parser("status", help="counts of stored runs by sweep and status")
@@ -86,22 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(kind: type) -> object:
+def _bounded(kind: type, low: float, strict: bool) -> object:
+    """An argparse type: ``kind(text)``, which must be > low (strict) or >= low."""
+
     def parse(text: str) -> object:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _nonnegative(kind: type) -> object:
-    def parse(text: str) -> object:
-        value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if strict else '>='} {low}, got {text!r}"
+            )
         return value
 
     parse.__name__ = kind.__name__
