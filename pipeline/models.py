@@ -198,12 +198,14 @@ def loss_and_grads(
 
 # -- the training step, in cache-sized blocks of members ----------------------------------
 
-#: Working set (bytes) of one block of members on CPU (see :class:`EnsembleStep`): about a
-#: core's L2. Measured on the project's 2-core AVX-512 machines (2 MiB L2 per core): 3 MiB
-#: gives 12 members at width 64, 2 at width 256 and 1 at width 1024, each within a few
-#: percent of the best block size; one block of a whole 256-member chunk at width 64 runs
-#: at less than half the speed (its activations stream from memory).
-CPU_BLOCK_BYTES = 3 << 20
+#: Working set (bytes) of one block of members on CPU (see :class:`EnsembleStep`): well
+#: inside a core's L2. Smaller blocks pay the per-call overhead of a block's dozen batched
+#: calls more often, larger ones spill out of L2. Measured on the project's 2-core AVX-512
+#: machines (2 MiB L2 per core): 1.5 MiB gives 13 members at width 32, 6 at width 64, 2 at
+#: width 128 and 1 from width 256 on, each within a few percent of the best block size
+#: (3 MiB, 12 members at width 64, is 7% slower); one block of a whole 256-member chunk at
+#: width 64 runs at less than half the speed (its activations stream from memory).
+CPU_BLOCK_BYTES = 3 << 19
 
 
 def block_bytes_per_member(dims: Sequence[int], n_rows: int, itemsize: int) -> int:
@@ -235,7 +237,8 @@ class _Block:
             self.bias_in = [v.unsqueeze(1) for v in self.bias[:-1]] + [self.bias[-1].unsqueeze(2)]
         self.z = [buf[:b] for buf in bufs[:L]]
         self.zt = [z.transpose(1, 2) for z in self.z]
-        self.back = [None] + [bufs[L + l % 2][:b, :, : dims[l]] for l in range(1, L)]
+        n_back = len(bufs) - L
+        self.back = [None] + [bufs[L + l % n_back][:b, :, : dims[l]] for l in range(1, L)]
         flat = self.z[L - 1].view(b, 1, -1)  # fᵀ as one row per member
         self.flat, self.flat_t = flat, flat.transpose(1, 2)
         self.sq, self.scale = (t[s:e] for t in per_member)
@@ -252,7 +255,8 @@ class EnsembleStep:
       one over a chunk whose activations stream from memory;
     - activations live in preallocated buffers and are overwritten in place (φ in
       place, the mask of φ' read off h = φ(z), δ written over h);
-    - the forward multipliers and 1/n enter the matmuls as ``alpha``, not as passes;
+    - the forward multipliers and 1/n enter the matmuls as ``alpha``, and the targets
+      the output matmul as ``beta = -1`` (bias-free nets), not as passes;
     - the output layer is computed transposed, fᵀ = c W hᵀ (k × n): a few long rows,
       which batched gemm does several times faster than n rows of k for small k;
     - :meth:`step` fuses the update into the backward: with the residual scaled by η
@@ -280,6 +284,7 @@ class EnsembleStep:
             self._slope_scalar = float(slope)
         self._c = tuple(net.multipliers)
         self._phi, self._dphi = self._activations()
+        self._n_back = 2 if net.activation == "linear" else 1
 
     def block_size(self, x: Tensor) -> int:
         """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
@@ -304,7 +309,9 @@ class EnsembleStep:
             dims = self.net.dims
             new = lambda *s: torch.empty(*s, dtype=x.dtype, device=x.device)  # noqa: E731
             bufs = [new(b, n, w) for w in dims[1:-1]] + [new(b, dims[-1], n)]
-            bufs += [new(b, n, max(dims[1:])) for _ in range(2)]  # linear nets: δ ping-pongs
+            # back-propagated δ before φ': one scratch, since δ is written over h, except for
+            # linear nets, whose δ is the scratch itself and ping-pongs between two
+            bufs += [new(b, n, max(dims[1:])) for _ in range(self._n_back)]
             bufs += [new(self.E, 1, 1), new(self.E, 1, 1)]  # Σ resid², and η/n per member
             if len(self._cache) >= 4:  # e.g. minibatch and full batch: a few shapes at most
                 self._cache.clear()
@@ -374,11 +381,12 @@ class EnsembleStep:
             posts.append(h)
         out_t = k.z[L - 1]
         h_t = k.zt[L - 2] if L > 1 and h is k.z[L - 2] else h.transpose(1, 2)
+        # the residual, transposed
         if k.bias_in is not None:
             torch.baddbmm(k.bias_in[L - 1], k.w[L - 1], h_t, alpha=c[L - 1], out=out_t)
+            out_t.sub_(y_t)
         else:
-            torch.baddbmm(out_t, k.w[L - 1], h_t, beta=0.0, alpha=c[L - 1], out=out_t)
-        out_t.sub_(y_t)  # the residual, transposed
+            torch.baddbmm(y_t, k.w[L - 1], h_t, beta=-1.0, alpha=c[L - 1], out=out_t)
         torch.bmm(k.flat, k.flat_t, out=k.sq)
         if not scaled:  # loss only
             return
