@@ -21,7 +21,8 @@ trajectories
                           (= ⟨K, yyᵀ⟩ / (‖K‖ ‖y‖²) for one output).
     ``kernel_rel_change`` ‖K_t − K_0‖_F / ‖K_0‖_F: first order in the kernel's movement
                           (∝ m^-1/2 when lazy); needs ``metrics.ntk``.
-    ``ntk_eig_min/max``   smallest / largest eigenvalue of K_t (P×P).
+    ``ntk_eig_min/max``   smallest / largest eigenvalue of K_t (P×P); NaN at logged steps
+                          that ``metrics.spectra_budget`` leaves out.
     ``act_flip_frac``     fraction of (probe input, hidden unit) pairs, pooled over all
                           hidden layers, whose pre-activation sign (z > 0 or not) differs
                           from step 0. NaN for linear nets and depth 1 (no activation
@@ -53,10 +54,12 @@ layers (l = 1 … L)
 
 Cost: one probe forward, one backward per output for the NTK (O(E·P²·width) per
 layer), one test forward and backward per output for the transversal gradient,
-and one batched SVD per layer and logged step (O(width³) for square layers):
-``metrics.spectra_budget`` caps their estimated work at a fraction of the
-training's by computing them at a log-spaced subset of the logged steps (NULL
-at the others), ``metrics.spectra`` turns them off.
+one batched SVD per layer (O(width³) for square layers) and one eigendecomposition
+of the kernel (O(P³)) per logged step. The decompositions run in LAPACK far below
+the matmul rate, so ``metrics.spectra_budget`` caps their estimated work at a
+fraction of the training's by computing them at a log-spaced subset of the
+logged steps (NULL at the others); ``metrics.spectra`` turns the SVDs off,
+``metrics.ntk`` the kernel.
 """
 
 from __future__ import annotations
@@ -80,7 +83,9 @@ from pipeline.spec import MetricsConfig, RunConfig
 from pipeline.spectra import (
     balance_matrix_drift,
     balance_scalar,
+    eig_work,
     initial_balance_matrices,
+    member_sq_norm,
     spectra_schedule,
     stable_rank,
     svd_work,
@@ -95,10 +100,6 @@ _TEST_BLOCK_ELEMENTS = 1 << 17
 SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
 
 
-def _flat_sq(t: Tensor) -> Tensor:
-    return t.reshape(t.shape[0], -1).square().sum(1)
-
-
 def _nan(like: Tensor) -> Tensor:
     return torch.full((like.shape[0],), float("nan"), dtype=like.dtype, device=like.device)
 
@@ -106,24 +107,25 @@ def _nan(like: Tensor) -> Tensor:
 # -- function-space metrics ---------------------------------------------------------------
 
 
-def hidden_signs(fwd: Forward) -> Tensor | None:
-    """Sign pattern (z > 0) of every hidden unit on every input: (E, n, Σ hidden widths)."""
+def hidden_signs(fwd: Forward) -> list[Tensor] | None:
+    """Sign pattern (z > 0) of every hidden unit on every input: one (E, n, n_l) bool
+    tensor per hidden layer (kept apart: concatenating them costs more than the counts)."""
     hidden = fwd.pre[:-1]
     if not hidden:
         return None
-    return torch.cat([z > 0 for z in hidden], 2)
+    return [z > 0 for z in hidden]
 
 
-def act_flip_frac(signs: Tensor, signs0: Tensor) -> Tensor:
+def act_flip_frac(signs: list[Tensor], signs0: list[Tensor]) -> Tensor:
     """Fraction of (input, hidden unit) pairs whose sign pattern differs: (E,)."""
-    flips = torch.count_nonzero(signs != signs0, dim=(1, 2)).to(torch.float64)
-    return flips / (signs.shape[1] * signs.shape[2])
+    flips = sum(torch.count_nonzero(s != s0, dim=(1, 2)) for s, s0 in zip(signs, signs0))
+    return flips.to(torch.float64) / sum(s[0].numel() for s in signs)
 
 
-def dead_frac(signs: Tensor) -> Tensor:
+def dead_frac(signs: list[Tensor]) -> Tensor:
     """Fraction of hidden units inactive (z ≤ 0) on every input: (E,)."""
-    dead = torch.count_nonzero(~signs.any(1), dim=1).to(torch.float64)
-    return dead / signs.shape[2]
+    dead = sum(torch.count_nonzero(~s.any(1), dim=1) for s in signs)
+    return dead.to(torch.float64) / sum(s.shape[2] for s in signs)
 
 
 def transversal_grad_sq(net: EnsembleMLP, params: Params, x: Tensor, basis: Tensor) -> Tensor:
@@ -149,8 +151,8 @@ def even_part_frac(net: EnsembleMLP, params: Params, x: Tensor) -> Tensor:
     n = x.shape[1]
     out = net(params, torch.cat([x, -x], 1))
     plus, minus = out[:, :n], out[:, n:]
-    even = _flat_sq(plus + minus)
-    odd = _flat_sq(plus - minus)
+    even = member_sq_norm(plus + minus)
+    odd = member_sq_norm(plus - minus)
     return (even / (even + odd)).sqrt()
 
 
@@ -180,7 +182,7 @@ class MetricRecorder:
         self.net, self.batch, self.cfg = net, batch, cfg
         self.params0 = params0.clone()
         self.norm0 = self.params0.sq_norm().sqrt()
-        self.w0_sq = [_flat_sq(w) for w in self.params0.weights]
+        self.w0_sq = [member_sq_norm(w) for w in self.params0.weights]
         self.w0_fro = [s.sqrt() for s in self.w0_sq]
         P = min(cfg.probe_size, batch.x_test.shape[1])
         self.probe_x = batch.x_test[:, :P]
@@ -218,13 +220,14 @@ class MetricRecorder:
         if act == "linear" and net.depth > 1:
             self.balance0_matrix = initial_balance_matrices(self.params0)
 
-        # the logged steps that get singular values (None: every call)
+        # the logged steps that get singular values and kernel eigenvalues (None: every call)
         self.spectra_steps: set[int] | None = None
-        if cfg.spectra and cfg.spectra_budget is not None and logged_steps and train_flops:
+        per_log = (2 * svd_work(net.dims) if cfg.spectra else 0.0) + (
+            eig_work(P) if cfg.ntk else 0.0
+        )
+        if per_log and cfg.spectra_budget is not None and logged_steps and train_flops:
             steps = sorted(int(k) for k in logged_steps)
-            self.spectra_steps = spectra_schedule(
-                steps, 2 * svd_work(net.dims), train_flops, cfg.spectra_budget
-            )
+            self.spectra_steps = spectra_schedule(steps, per_log, train_flops, cfg.spectra_budget)
 
     @classmethod
     def for_run(
@@ -250,10 +253,17 @@ class MetricRecorder:
         )
 
     # -- per-member scalars -----------------------------------------------------------------
-    def trajectory(self, params: Params, grads: Params) -> dict[str, Tensor]:
-        """Per-member scalars, each (E,)."""
+    def trajectory(
+        self, params: Params, grads: Params, step: int | None = None
+    ) -> dict[str, Tensor]:
+        """Per-member scalars, each (E,).
+
+        ``step``: the logged step; the kernel's eigenvalues are NaN at steps the budget
+        leaves out."""
         net = self.net
-        diff_sq = sum(_flat_sq(p - p0) for p, p0 in zip(params.tensors(), self.params0.tensors()))
+        diff_sq = sum(
+            member_sq_norm(p - p0) for p, p0 in zip(params.tensors(), self.params0.tensors())
+        )
         norm = params.sq_norm().sqrt()
         out: dict[str, Tensor] = {
             "param_rel_change": diff_sq.sqrt() / self.norm0,
@@ -269,7 +279,10 @@ class MetricRecorder:
             out["kernel_distance"] = kernel_distance(k, self.k0)
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
-            out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k)
+            if self._spectra_now(step):
+                out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k)
+            else:
+                out["ntk_eig_min"] = out["ntk_eig_max"] = _nan(norm)
 
         if self.signs0 is not None:
             signs = hidden_signs(fwd)
@@ -293,8 +306,8 @@ class MetricRecorder:
         """
         w, w0 = params.weights, self.params0.weights
         diffs = [x - x0 for x, x0 in zip(w, w0)]
-        fro = torch.stack([_flat_sq(x).sqrt() for x in w], 1)
-        delta = torch.stack([_flat_sq(x).sqrt() for x in diffs], 1)
+        fro = torch.stack([member_sq_norm(x).sqrt() for x in w], 1)
+        delta = torch.stack([member_sq_norm(x).sqrt() for x in diffs], 1)
         out = {"fro_norm": fro, "rel_change": delta / torch.stack(self.w0_fro, 1)}
 
         if self.cfg.spectra and not self._spectra_now(step):

@@ -28,29 +28,40 @@ from torch import Tensor
 from pipeline.models import EnsembleMLP, Forward, Params
 
 
+def _gram(a: Tensor) -> Tensor:
+    return torch.bmm(a, a.transpose(1, 2))
+
+
+def _through_activation(net: EnsembleMLP, back: Tensor, z: Tensor, h: Tensor) -> Tensor:
+    """back ⊙ φ'(z) as (E, n, width), given h = φ(z); ``back`` may broadcast over rows."""
+    if net.activation == "relu":
+        return torch.ops.aten.threshold_backward(back, h, 0.0)  # one pass, no mask tensor
+    d = net.phi_prime(z, h)
+    return back.expand_as(z) if d is None else d.mul_(back)
+
+
 def sensitivities(net: EnsembleMLP, params: Params, fwd: Forward) -> Iterator[list[Tensor]]:
     """For each output o, the list ``[δ^o_1, …, δ^o_L]`` of ∂f_o/∂z_l, each (E, n, n_l).
 
-    A generator over outputs, so only one output's sensitivities are held at a time.
+    δ^o_L is e_o on every row (a broadcast view), so δ^o_{L−1} = c_L W_L[o] ⊙ φ′ needs no
+    matmul. A generator over outputs: one output's sensitivities are held at a time.
     """
     E, n, k = fwd.output.shape
+    L = net.depth
     for o in range(k):
-        delta = fwd.output.new_zeros(E, n, k)
-        delta[..., o] = 1.0
-        out = [delta]
-        for l in range(net.depth - 1, 0, -1):
-            back = torch.bmm(delta, params.weights[l])
-            c = net.multipliers[l]
-            if c != 1.0:
-                back = back.mul_(c)
-            d = net.phi_prime(fwd.pre[l - 1], fwd.post[l])
-            delta = back if d is None else back.mul_(d)
+        top = fwd.output.new_zeros(1, 1, k)
+        top[..., o] = 1.0
+        out = [top.expand(E, n, k)]
+        back = params.weights[L - 1][:, o : o + 1] * net.multipliers[L - 1]  # (E, 1, n_{L−1})
+        for l in range(L - 1, 0, -1):
+            delta = _through_activation(net, back, fwd.pre[l - 1], fwd.post[l])
             out.append(delta)
+            if l > 1:
+                back = torch.bmm(delta, params.weights[l - 1])
+                c = net.multipliers[l - 1]
+                if c != 1.0:
+                    back.mul_(c)
         yield out[::-1]
-
-
-def _gram(a: Tensor) -> Tensor:
-    return torch.bmm(a, a.transpose(1, 2))
 
 
 def empirical_ntk(
@@ -65,23 +76,40 @@ def empirical_ntk(
     Returns (E, P, P), or (E, L, P, P) with ``per_layer`` (layer l's weights and
     bias together; the sum over layers is the full kernel). ``fwd``: a cached
     forward pass of ``params`` on ``x``.
+
+    The top layer's D_L is k·11ᵀ (every δ^o_L is e_o), so its term is k times the
+    inner gram and costs no gram of sensitivities; the terms are accumulated in place.
     """
     fwd = net.forward(params, x) if fwd is None else fwd
-    d_sum: list[Tensor | None] = [None] * net.depth
+    L, k = net.depth, fwd.output.shape[2]
+    d_sum: list[Tensor | None] = [None] * (L - 1)
     for deltas in sensitivities(net, params, fwd):
-        for l, delta in enumerate(deltas):
-            g = _gram(delta)
-            d_sum[l] = g if d_sum[l] is None else d_sum[l].add_(g)
-    layers = []
-    for l in range(net.depth):
-        c = net.multipliers[l]
-        inner = _gram(fwd.post[l]).mul_(c * c)
-        if params.biases is not None:
-            inner.add_(1.0)
-        layers.append(inner.mul_(d_sum[l]))
+        for l, delta in enumerate(deltas[:-1]):
+            if d_sum[l] is None:
+                d_sum[l] = _gram(delta)
+            else:
+                d_sum[l].baddbmm_(delta, delta.transpose(1, 2))
+    terms: list[Tensor] = []
+    kernel: Tensor | None = None
+    for l in range(L):
+        c2 = net.multipliers[l] ** 2
+        h = fwd.post[l]
+        if params.biases is not None:  # the bias adds 1 to the inner product of inputs
+            inner = torch.baddbmm(h.new_ones(()).expand(1, 1, 1), h, h.transpose(1, 2), alpha=c2)
+        else:
+            inner = _gram(h).mul_(c2)
+        d = d_sum[l] if l < L - 1 else None
+        if per_layer:
+            terms.append(inner.mul_(k) if d is None else inner.mul_(d))
+        elif kernel is None:
+            kernel = inner.mul_(k) if d is None else inner.mul_(d)
+        elif d is None:
+            kernel.add_(inner, alpha=k)
+        else:
+            kernel.addcmul_(inner, d)
     if per_layer:
-        return torch.stack(layers, 1)
-    return torch.stack(layers, 0).sum(0)
+        return torch.stack(terms, 1)
+    return kernel
 
 
 def _fro(a: Tensor) -> Tensor:
@@ -116,7 +144,13 @@ def kernel_alignment(k: Tensor, y: Tensor) -> Tensor:
 
 def extreme_eigenvalues(k: Tensor) -> tuple[Tensor, Tensor]:
     """Smallest and largest eigenvalue of each symmetric (E, P, P) kernel; NaN for a
-    member whose kernel is not finite (it does not stop the others)."""
+    member whose kernel is not finite (it does not stop the others).
+
+    A finite total means every entry is finite (NaN and ±inf propagate through a
+    sum), so the usual case costs one reduction, not a mask and a masked copy."""
+    if bool(torch.isfinite(k.sum()).item()):
+        ev = torch.linalg.eigvalsh(k)
+        return ev[:, 0], ev[:, -1]
     ok = torch.isfinite(k).reshape(k.shape[0], -1).all(1)
     safe = torch.where(ok.view(-1, 1, 1), k, torch.zeros((), dtype=k.dtype, device=k.device))
     ev = torch.linalg.eigvalsh(safe)

@@ -273,9 +273,10 @@ class MetricsConfig(_Section):
     spectra: bool = True
     #: even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).
     even_part: bool | None = None
-    #: most work of the singular values as a fraction of the training's (both estimated
-    #: from the shapes): above it they are computed at a log-spaced subset of the logged
-    #: steps (the first and last always) and are NULL at the others; None: every logged step.
+    #: most work of the singular values and the NTK eigenvalues as a fraction of the
+    #: training's (both estimated from the shapes): above it they are computed at a
+    #: log-spaced subset of the logged steps (the first and last always) and are NULL at
+    #: the others; None: every logged step.
     spectra_budget: PositiveFloat | None = 0.1
 
 

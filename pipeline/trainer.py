@@ -274,7 +274,7 @@ class ChunkTrainer:
             loss, grads = self._stepper.loss_and_grads(params, b.x_train, b.y_train)
         test_loss = self._stepper.loss(params, b.x_test, b.y_test)
         traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
-        traj.update(recorder.trajectory(params, grads))
+        traj.update(recorder.trajectory(params, grads, step=k))
         log.add(k, alive, traj, recorder.layers(params, step=k))
         # dead members: zero their parameters so nothing non-finite lingers
         if not bool(alive.all()):
@@ -359,10 +359,27 @@ class ChunkTrainer:
         return table_of(RUNS, cols, E)
 
 
-#: Most members whose metrics are computed in one batch. Past this, the batched metric
-#: ops of a chunk stream from memory and cost more per member (benchmarks/: about twice
-#: as much at 1024 members as at 256), so larger chunks record theirs in blocks.
+#: Most members whose metrics are computed in one batch off the CPU. Past this, the batched
+#: metric ops of a chunk stream from memory and cost more per member (benchmarks/: about
+#: twice as much at 1024 members as at 256), so larger chunks record theirs in blocks.
 METRICS_BLOCK = 256
+
+#: Working set (bytes) of one block of members' metrics on CPU (see :func:`metrics_block`).
+#: Measured on the project's 2-core machines at width 64, depth 3, 64 probe inputs (16
+#: members a block): right after training steps, one logged step's trajectory metrics
+#: took 77-90 ms per 256 members in blocks of 16 or 32 and 125-139 ms in one block.
+METRICS_BLOCK_BYTES = 6 << 20
+
+
+def metrics_block(dims: Sequence[int], probe: int, itemsize: int, device: torch.device) -> int:
+    """Most members per block of metrics: :data:`METRICS_BLOCK` off the CPU; on CPU as many
+    as fit :data:`METRICS_BLOCK_BYTES` with the probe activations and sensitivities
+    (probe × Σ widths, twice), a few probe × probe kernels and three copies of θ each."""
+    if device.type != "cpu":
+        return METRICS_BLOCK
+    n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+    per_member = itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe + 3 * n_params)
+    return max(1, min(METRICS_BLOCK, METRICS_BLOCK_BYTES // per_member))
 
 
 class _BlockedRecorder:
@@ -380,8 +397,8 @@ class _BlockedRecorder:
         ]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    def trajectory(self, params: Params, grads: Params) -> dict[str, Tensor]:
-        return self._each("trajectory", params, grads)
+    def trajectory(self, params: Params, grads: Params, **kwargs) -> dict[str, Tensor]:
+        return self._each("trajectory", params, grads, **kwargs)
 
     def layers(self, params: Params, **kwargs) -> dict[str, Tensor]:
         return self._each("layers", params, **kwargs)
@@ -395,11 +412,15 @@ def _slice_params(p: Params, s: int, e: int) -> Params:
 
 def _member_blocks(make, trainer: ChunkTrainer):
     """``make(net, params0, batch)`` for the whole chunk, or per block of at most
-    :data:`METRICS_BLOCK` members (equal sizes ±1) wrapped as one recorder."""
+    :func:`metrics_block` members (equal sizes ±1) wrapped as one recorder."""
     E = trainer.E
-    if E <= METRICS_BLOCK:
+    probe = min(trainer.base.metrics.probe_size, trainer.batch.x_test.shape[1])
+    block = metrics_block(
+        trainer.net.dims, probe, trainer.params0.weights[0].element_size(), trainer.device
+    )
+    if block >= E:
         return make(trainer.net, trainer.params0, trainer.batch)
-    n = -(-E // METRICS_BLOCK)
+    n = -(-E // block)
     cuts = [(i * E) // n for i in range(n + 1)]
     bounds = list(zip(cuts[:-1], cuts[1:]))
     slope = trainer.net._slope

@@ -535,30 +535,41 @@ def test_loss_crossing_times_match_a_naive_loop():
     assert reached >= 3
 
 
-def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last():
-    """Wide square layers and a short run: the SVD work would exceed the budget."""
+@pytest.mark.parametrize("ntk", [True, False])
+def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last(ntk):
+    """Wide square layers and a short run: the SVD and kernel-eigenvalue work would
+    exceed the budget."""
     spec = _spec(
         model={"depth": 3, "width": 96},
         train={"steps": 1000, "log_points": 30, "lr": 0.02},
-        metrics={"spectra_budget": 0.45},
+        metrics={"spectra_budget": 0.45, "ntk": ntk, "probe_size": 16},
     )
     (chunk,) = make_chunks(expand(spec), spec)
-    layers = _by(train_chunk(chunk)["layers"], ["step", "layer"])
+    tables = train_chunk(chunk)
+    layers = _by(tables["layers"], ["step", "layer"])
+    traj = _by(tables["trajectories"], ["step"])
     steps = sorted(layers.step.unique())
     # a step whose spectra were skipped stores a NULL list
     has = [
         layers[(layers.step == k) & (layers.layer == 2)].top_sv.iloc[0] is not None for k in steps
     ]
-    # the estimate: 2 SVDs (W and ΔW) of ~36 m²M each, against 6·n·Σ ab flops per step
+    # the estimate: 2 SVDs (W and ΔW) of ~36 m²M each and the eigenvalues of the 16 × 16
+    # kernel (~24·16³), against 6·n·Σ ab flops per step
     dims = [5, 96, 96, 1]
-    svd = 2 * sum(36 * min(a, b) ** 2 * max(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    per_log = 2 * sum(36 * min(a, b) ** 2 * max(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    per_log += 24 * 16**3 if ntk else 0
     train = 6 * 16 * sum(a * b for a, b in zip(dims[:-1], dims[1:])) * 1000
-    assert 2 < sum(has) == int(0.45 * train // svd) < len(steps)
+    assert 2 < sum(has) == int(0.45 * train // per_log) < len(steps)
     assert has[0] and has[-1]
-    spectral = layers[layers.step.isin([k for k, h in zip(steps, has) if h])]
-    other = layers[~layers.step.isin([k for k, h in zip(steps, has) if h])]
+    chosen = [k for k, h in zip(steps, has) if h]
+    spectral = layers[layers.step.isin(chosen)]
+    other = layers[~layers.step.isin(chosen)]
     assert spectral.stable_rank.notna().all() and other.stable_rank.isna().all()
     assert other.balance_defect.notna().any() and other.fro_norm.notna().all()
+    eig = traj[["ntk_eig_min", "ntk_eig_max"]].notna().all(axis=1)
+    assert list(eig) == ([k in chosen for k in traj.step] if ntk else [False] * len(traj))
+    if ntk:
+        assert traj.kernel_distance.notna().all()
 
 
 @pytest.mark.parametrize("activation", ["linear", "relu"])
