@@ -1,11 +1,10 @@
 """Metrics recorded at logged steps, batched over the ensemble.
 
 :class:`MetricRecorder` is built once per chunk with the initial parameters and
-the data; at each logged step the trainer calls :meth:`~MetricRecorder.trajectory`
-and :meth:`~MetricRecorder.layers`. Each returns tensors with the ensemble axis
-first; the keys are column names of ``storage.schema.TRAJECTORIES`` and
-``LAYERS``. A column a recorder does not return is stored as NULL, and so is a
-NaN: every metric that does not apply to a member is NaN, never a made-up number.
+the data; at each logged step the trainer calls :meth:`~MetricRecorder.record`, which
+returns the values of both tables as tensors with the ensemble axis first; the
+keys are column names of ``storage.schema.TRAJECTORIES`` and ``LAYERS``. A column
+a recorder does not return is stored as NULL, and so is a NaN: every metric that does not apply to a member is NaN, never a made-up number.
 
 Probe set: the first ``metrics.probe_size`` test inputs of each member (all of
 them if there are fewer), the same at every step and for every run with the
@@ -252,21 +251,36 @@ class MetricRecorder:
             train_flops=per_step * t.steps,
         )
 
-    # -- per-member scalars -----------------------------------------------------------------
-    def trajectory(
+    # -- one logged step ------------------------------------------------------------------------
+    def record(
         self, params: Params, grads: Params, step: int | None = None
-    ) -> dict[str, Tensor]:
-        """Per-member scalars, each (E,).
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The values of both tables at a logged step: per-member scalars (E,) for
+        ``trajectories``; per-layer scalars (E, depth) and lists (E, depth, top_k) for ``layers``.
 
-        ``step``: the logged step; the kernel's eigenvalues are NaN at steps the budget
-        leaves out."""
+        ``step``: the logged step; the singular values and the kernel's eigenvalues are NaN
+        at steps the budget leaves out. The weights' norms and their distances from θ(0)
+        serve both tables and are computed once.
+        """
+        w = params.weights
+        diffs = [x - x0 for x, x0 in zip(w, self.params0.weights)]
+        w_sq = torch.stack([member_sq_norm(x) for x in w], 1)
+        d_sq = torch.stack([member_sq_norm(x) for x in diffs], 1)
+        norm_sq, diff_sq = w_sq.sum(1), d_sq.sum(1)
+        if params.biases is not None:
+            for b, b0 in zip(params.biases, self.params0.biases):
+                norm_sq = norm_sq + member_sq_norm(b)
+                diff_sq = diff_sq + member_sq_norm(b - b0)
+        spectra = self._spectra_now(step)
+        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra)
+        return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, spectra)
+
+    def _trajectory(
+        self, params: Params, grads: Params, norm: Tensor, diff: Tensor, spectra: bool
+    ) -> dict[str, Tensor]:
         net = self.net
-        diff_sq = sum(
-            member_sq_norm(p - p0) for p, p0 in zip(params.tensors(), self.params0.tensors())
-        )
-        norm = params.sq_norm().sqrt()
         out: dict[str, Tensor] = {
-            "param_rel_change": diff_sq.sqrt() / self.norm0,
+            "param_rel_change": diff / self.norm0,
             "param_norm": norm,
             "grad_norm": grads.sq_norm().sqrt(),
         }
@@ -279,7 +293,7 @@ class MetricRecorder:
             out["kernel_distance"] = kernel_distance(k, self.k0)
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
-            if self._spectra_now(step):
+            if spectra:
                 out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k)
             else:
                 out["ntk_eig_min"] = out["ntk_eig_max"] = _nan(norm)
@@ -298,26 +312,19 @@ class MetricRecorder:
             out["even_part_frac"] = even_part_frac(net, params, self.probe_x)
         return out
 
-    # -- per-member, per-layer values -----------------------------------------------------------
-    def layers(self, params: Params, step: int | None = None) -> dict[str, Tensor]:
-        """Per-member, per-layer values: (E, depth) scalars, (E, depth, top_k) lists.
-
-        ``step``: the logged step; the spectra are NaN at steps the budget leaves out.
-        """
-        w, w0 = params.weights, self.params0.weights
-        diffs = [x - x0 for x, x0 in zip(w, w0)]
-        fro = torch.stack([member_sq_norm(x).sqrt() for x in w], 1)
-        delta = torch.stack([member_sq_norm(x).sqrt() for x in diffs], 1)
+    def _layers(
+        self, params: Params, fro: Tensor, delta: Tensor, diffs: list[Tensor], spectra: bool
+    ) -> dict[str, Tensor]:
         out = {"fro_norm": fro, "rel_change": delta / torch.stack(self.w0_fro, 1)}
-
-        if self.cfg.spectra and not self._spectra_now(step):
-            k = self.cfg.top_k
+        k = self.cfg.top_k
+        if self.cfg.spectra and not spectra:
             nan = torch.full((*fro.shape, k), float("nan"), dtype=fro.dtype, device=fro.device)
             out.update(top_sv=nan, delta_top_sv=nan, stable_rank=nan[..., 0])
         elif self.cfg.spectra:
-            k = self.cfg.top_k
             finite = torch.isfinite(fro)  # a non-finite entry makes the norm non-finite
-            top = torch.stack([top_singular_values(x, k, finite[:, l]) for l, x in enumerate(w)], 1)
+            top = torch.stack(
+                [top_singular_values(x, k, finite[:, l]) for l, x in enumerate(params.weights)], 1
+            )
             out["top_sv"] = top
             out["stable_rank"] = stable_rank(fro, top[..., 0])
             out["delta_top_sv"] = torch.stack(

@@ -274,8 +274,9 @@ class ChunkTrainer:
             loss, grads = self._stepper.loss_and_grads(params, b.x_train, b.y_train)
         test_loss = self._stepper.loss(params, b.x_test, b.y_test)
         traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
-        traj.update(recorder.trajectory(params, grads, step=k))
-        log.add(k, alive, traj, recorder.layers(params, step=k))
+        values, layers = recorder.record(params, grads, step=k)
+        traj.update(values)
+        log.add(k, alive, traj, layers)
         # dead members: zero their parameters so nothing non-finite lingers
         if not bool(alive.all()):
             keep = alive.to(self.dtype)
@@ -388,20 +389,16 @@ class _BlockedRecorder:
     def __init__(self, bounds: list[tuple[int, int]], recorders: list) -> None:
         self.bounds, self.recorders = bounds, recorders
 
-    def _each(self, method: str, params: Params, *tensors, **kwargs) -> dict[str, Tensor]:
+    def record(
+        self, params: Params, grads: Params, step: int | None = None
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         parts = [
-            getattr(rec, method)(
-                _slice_params(params, s, e), *(_slice_params(t, s, e) for t in tensors), **kwargs
-            )
+            rec.record(_slice_params(params, s, e), _slice_params(grads, s, e), step=step)
             for (s, e), rec in zip(self.bounds, self.recorders)
         ]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-    def trajectory(self, params: Params, grads: Params, **kwargs) -> dict[str, Tensor]:
-        return self._each("trajectory", params, grads, **kwargs)
-
-    def layers(self, params: Params, **kwargs) -> dict[str, Tensor]:
-        return self._each("layers", params, **kwargs)
+        return tuple(  # type: ignore[return-value]
+            {key: torch.cat([p[i][key] for p in parts]) for key in parts[0][i]} for i in range(2)
+        )
 
 
 def _slice_params(p: Params, s: int, e: int) -> Params:

@@ -113,9 +113,9 @@ class Capture(MetricRecorder):
         self.seen: list[Params] = []
         Capture.instances.append(self)
 
-    def trajectory(self, params, grads, **kwargs):
+    def record(self, params, grads, **kwargs):
         self.seen.append(params.clone())
-        return super().trajectory(params, grads, **kwargs)
+        return super().record(params, grads, **kwargs)
 
 
 @pytest.fixture

@@ -394,13 +394,13 @@ def test_dead_units_on_positive_inputs():
 
     batch = DataBatch(x, x[..., :1], x, x[..., :1], None, 1)
     rec = MetricRecorder(net, params, batch, validate_spec({"name": "x"}).metrics)
-    out = rec.trajectory(params, params)
+    out = rec.record(params, params)[0]
     np.testing.assert_allclose(out["dead_frac"].numpy(), np.array(n_dead) / m)
     assert (out["act_flip_frac"] == 0).all()
     # flipping the sign of one alive unit's weights flips its pattern on every probe input
     moved = params.clone()
     moved.weights[0][:, -1] *= -1
-    out = rec.trajectory(moved, params)
+    out = rec.record(moved, params)[0]
     np.testing.assert_allclose(out["act_flip_frac"].numpy(), [1 / m, 1 / m])
     np.testing.assert_allclose(out["dead_frac"].numpy(), (np.array(n_dead) + 1) / m)
 
@@ -473,10 +473,9 @@ def test_non_finite_member_does_not_break_the_others():
     bad = tr.params0.clone()
     for w in bad.weights:
         w[1] = w[1] * 1.1
-    ref_traj = rec.trajectory(bad, bad)
-    ref_layers = rec.layers(bad)
+    ref_traj, ref_layers = rec.record(bad, bad)
     bad.weights[1][1, 0, 0] = float("nan")
-    traj, layers = rec.trajectory(bad, bad), rec.layers(bad)
+    traj, layers = rec.record(bad, bad)
     for out, ref in ((traj, ref_traj), (layers, ref_layers)):
         for name, v in out.items():
             keep = [0, 2]
