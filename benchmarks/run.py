@@ -100,7 +100,12 @@ MODES = {
 #: The issue's targets: (key, description, threshold, direction).
 TARGETS = [
     ("speedup_vs_ray_tune", "phasesweep vs (a) one Ray Tune trial per point", 30.0, ">="),
-    ("speedup_vs_plain_loop", "phasesweep vs (b) plain per-point loop, one process", 5.0, ">="),
+    (
+        "speedup_vs_plain_loop",
+        "phasesweep run (Ray start-up included) vs (b) plain per-point loop, one process",
+        5.0,
+        ">=",
+    ),
     (
         "flop_fraction_of_peak",
         "training FLOP rate / (c) matmul peak per core, width >= 256",
@@ -339,7 +344,12 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
         + ", ".join(f"{w:.1f}" for w in plain["repeats"])
         + f" s), x{scale:g} per point; final losses equal phasesweep's to {diff_b:.1e}",
     )
-    rep.figure("speedup vs (b)", plain_full / ps["wall_s"], "x", "same grid, 1 core each")
+    rep.figure(
+        "speedup vs (b), per core",
+        plain_full / ps["wall_s"],
+        "x",
+        "phasesweep in one process against (b): 1 core each",
+    )
     rep.figure(
         "  time per point-step: phasesweep / (b)",
         f"{ps['wall_s'] / pt_steps * 1e6:.1f} / {plain_full / pt_steps * 1e6:.1f}",
@@ -371,6 +381,15 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
             f"(CPU-summed) of which tune.report {ray_res['tune_report_s']:.1f} s",
         )
         rep.figure("speedup vs (a)", a_full / ray_res["phasesweep_s"], "x", f"{n_cpus} CPUs each")
+        end_to_end = ray_res["init_s"] + ray_res["phasesweep_s"]
+        ray_res["speedup_vs_plain_loop"] = plain_full / end_to_end
+        rep.figure(
+            "speedup vs (b), as run",
+            ray_res["speedup_vs_plain_loop"],
+            "x",
+            f"phasesweep via Ray Tune + store with Ray's start-up ({end_to_end:.1f} s, "
+            f"{n_cpus} CPUs, what `phasesweep run` does here) against (b) in one process",
+        )
     flop_ratios = []
     for w in sz.flop_widths:
         r = raw[f"flops_width_{w}"]
@@ -424,7 +443,11 @@ def run(mode: str = "full", with_ray: bool = True, out_dir: Path | None = RESULT
             ray_res["tune_extrapolated_s"] / ray_res["phasesweep_s"],
             "(a) extrapolated from a subset",
         )
-    rep.target("speedup_vs_plain_loop", plain_full / ps["wall_s"], "(b) extrapolated from a subset")
+        rep.target(
+            "speedup_vs_plain_loop",
+            ray_res["speedup_vs_plain_loop"],
+            f"(b) extrapolated from a subset; per core {plain_full / ps['wall_s']:.2f}x",
+        )
     rep.target("flop_fraction_of_peak", min(flop_ratios), f"widths {sz.flop_widths}")
     rep.target("metrics_over_training", ps["metrics_s"] / ps["train_s"])
     lo, hi = min(sz.linear_points), max(sz.linear_points)
