@@ -1,19 +1,26 @@
 """Shared fixtures. Storage fixtures are prefixed ``store_``; ``capture`` records the
-parameters the trainer's metric recorder saw at every logged step."""
+parameters the trainer's metric recorder saw at every logged step; ``tiny_spec`` writes
+the smallest sweep that runs the whole pipeline; ``synthetic_store`` fills a store with
+a sweep whose curves are closed forms (:func:`analysis.calibration.synthetic_sweep`)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import yaml
 
 import pipeline.trainer as trainer_mod
+from analysis.calibration import synthetic_sweep
 from pipeline.metrics import MetricRecorder
 from pipeline.models import Params
-from storage import schema
+from storage import Store, schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
 
@@ -124,3 +131,72 @@ def capture(monkeypatch):
     Capture.instances = []
     monkeypatch.setattr(trainer_mod, "MetricRecorder", Capture)
     return Capture
+
+
+#: The smallest sweep that runs the whole pipeline: 2 init scales × 3 seeds of a
+#: 3 → 8 → 1 net, 20 steps, 5 logged steps, chunks of at most 3 points.
+TINY_SPEC: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"depth": 2, "width": 8},
+    "data": {"n_train": 8, "n_test": 8, "input_dim": 3},
+    "train": {"steps": 20, "log_points": 5},
+    "metrics": {"probe_size": 4},
+    "execution": {"max_chunk_size": 3},
+    "grid": {"init_scale": [0.5, 1.0], "seed": [0, 1, 2]},
+}
+
+
+@pytest.fixture
+def tiny_spec(tmp_path) -> Callable[..., Path]:
+    """Factory: ``write({"train.steps": 400, ...})`` writes :data:`TINY_SPEC` with those
+    dotted keys set to ``tmp_path / "spec.yaml"`` and returns the path."""
+
+    def write(changes: dict[str, Any] | None = None) -> Path:
+        spec = copy.deepcopy(TINY_SPEC)
+        for dotted, value in (changes or {}).items():
+            *parents, last = dotted.split(".")
+            node = spec
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return path
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
+    """Factory: ``make(sweep, grid, description=None, **kwargs)`` -> (store, spec text).
+
+    A new store holding one chunk of :func:`~analysis.calibration.synthetic_sweep` over
+    ``grid`` (``init_scale``, ``width``, ``depth``, ``seed`` and optionally
+    ``noise_sigma``), 10⁶ steps, where the points with init scale ≥ 3 and width ≥ 256
+    diverge; ``kwargs`` go to ``synthetic_sweep``. The spec (name, description, grid) is
+    stored too, so the swept axes are known."""
+
+    def make(
+        sweep: str, grid: dict[str, list], description: str | None = None, **kwargs
+    ) -> tuple[Store, str]:
+        store = Store.open(str(tmp_path_factory.mktemp("store")))
+        if "noise_sigma" in grid:
+            kwargs["noise_sigmas"] = grid["noise_sigma"]
+        tables = synthetic_sweep(
+            init_scales=grid["init_scale"],
+            widths=grid["width"],
+            depths=grid["depth"],
+            seeds=grid["seed"],
+            steps=10**6,
+            diverge=lambda a, w: a >= 3.0 and w >= 256,
+            **kwargs,
+        )
+        store.write_chunk(sweep, "c0", tables)
+        spec = {"name": sweep, "grid": grid}
+        if description is not None:
+            spec["description"] = description
+        spec_text = yaml.safe_dump(spec)
+        store.write_spec(sweep, spec_text)
+        return store, spec_text
+
+    return make

@@ -14,37 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline.cli import main
 from storage import Store, run_query
-
-TINY = {
-    "name": "tiny",
-    "model": {"depth": 2, "width": 8},
-    "data": {"n_train": 8, "n_test": 8, "input_dim": 3},
-    "train": {"steps": 20, "log_points": 5},
-    "metrics": {"probe_size": 4},
-    "execution": {"max_chunk_size": 3},
-    "grid": {"init_scale": [0.5, 1.0], "seed": [0, 1, 2]},
-}
-
-
-def write_spec(tmp_path: Path, spec: dict | str, name: str = "spec.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
-    return path
-
-
-def _with(base: dict, dotted: str, value) -> dict:
-    spec = json.loads(json.dumps(base))
-    node = spec
-    *parents, last = dotted.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[last] = value
-    return spec
-
 
 BAD_SPECS = [
     ("model.foo", 3, "model.foo", "unknown key"),
@@ -63,22 +35,23 @@ BAD_SPECS = [
 
 @pytest.mark.parametrize("key,value,named,shown", BAD_SPECS)
 def test_bad_spec_exits_2_names_key_and_value_writes_nothing(
-    tmp_path, capsys, key, value, named, shown
+    tmp_path, capsys, tiny_spec, key, value, named, shown
 ):
     store = tmp_path / "store"
-    spec = write_spec(tmp_path, _with(TINY, key, value))
+    spec = tiny_spec({key: value})
     assert main(["run", str(spec), "--store", str(store)]) == 2
     err = capsys.readouterr().err
     assert named in err and shown in err, err
     assert not store.exists()
 
 
-def test_malformed_yaml_and_bad_override(tmp_path, capsys):
+def test_malformed_yaml_and_bad_override(tmp_path, capsys, tiny_spec):
     store = tmp_path / "store"
-    bad = write_spec(tmp_path, "name: x\nmodel: {depth: [1,\n", "bad.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: {depth: [1,\n")
     assert main(["run", str(bad), "--store", str(store)]) == 2
     assert "malformed YAML" in capsys.readouterr().err
-    spec = write_spec(tmp_path, TINY)
+    spec = tiny_spec()
     assert main(["run", str(spec), "--store", str(store), "--set", "train.steps"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["run", str(spec), "--store", str(store), "--set", "train.steps=-1"]) == 2
@@ -90,9 +63,9 @@ def test_malformed_yaml_and_bad_override(tmp_path, capsys):
     assert not store.exists()
 
 
-def test_dry_run_reports_points_chunks_memory_and_work(tmp_path, capsys):
+def test_dry_run_reports_points_chunks_memory_and_work(tmp_path, capsys, tiny_spec):
     store = tmp_path / "store"
-    spec = write_spec(tmp_path, TINY)
+    spec = tiny_spec()
     assert (
         main(["run", str(spec), "--store", str(store), "--dry-run", "--set", "grid.seed=[0,1,2,3]"])
         == 0
@@ -103,8 +76,8 @@ def test_dry_run_reports_points_chunks_memory_and_work(tmp_path, capsys):
     assert not store.exists()
 
 
-def test_set_parses_exponent_floats_and_dotted_grid_axes(tmp_path, capsys):
-    spec = write_spec(tmp_path, TINY)
+def test_set_parses_exponent_floats_and_dotted_grid_axes(tmp_path, capsys, tiny_spec):
+    spec = tiny_spec()
     args = ["run", str(spec), "--store", str(tmp_path / "s"), "--dry-run"]
     assert (
         main([*args, "--set", "model.init_scale=1e-3", "--set", "grid.init_scale=[1e-3, 2.5E+1]"])
@@ -126,9 +99,9 @@ def _count(store, sql):
     return run_query(store, sql)[1][0][0]
 
 
-def test_run_resume_status_query(tmp_path, capsys, ray_local):
+def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     store = tmp_path / "store"
-    spec = write_spec(tmp_path, TINY)
+    spec = tiny_spec()
     assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
     assert "skipping 0" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs WHERE status = 'completed'") == 6
@@ -181,12 +154,10 @@ def _cli(args, env_extra=None, **kw):
     )
 
 
-def test_crash_midway_loses_and_duplicates_nothing(tmp_path):
+def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
-    spec = write_spec(
-        tmp_path, _with(_with(TINY, "execution.max_chunk_size", 1), "train.steps", 3000)
-    )
+    spec = tiny_spec({"execution.max_chunk_size": 1, "train.steps": 3000})
     proc = _cli(["run", str(spec), "--store", str(store), "--no-progress"], start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline and len(list((store / "runs").rglob("*.parquet"))) < 2:
@@ -210,9 +181,9 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path):
     )
 
 
-def test_failed_points_exit_1_then_relaunch_completes(tmp_path):
+def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec):
     store = tmp_path / "store"
-    spec = write_spec(tmp_path, TINY)
+    spec = tiny_spec()
     from pipeline.grid import expand
     from pipeline.spec import load_spec
 
@@ -263,9 +234,9 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path):
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
-def test_progress_display_shows_points_rate_and_eta(tmp_path):
+def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec):
     store = tmp_path / "store"
-    spec = write_spec(tmp_path, TINY)
+    spec = tiny_spec()
     proc = _cli(["run", str(spec), "--store", str(store)])
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

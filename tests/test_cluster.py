@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from storage import run_query
 
@@ -26,20 +25,9 @@ def ray_cluster():
     cluster.shutdown()
 
 
-def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "cluster",
-                "model": {"depth": 2, "width": 8},
-                "data": {"n_train": 8, "n_test": 8, "input_dim": 3},
-                "train": {"steps": 400, "log_points": 5},
-                "metrics": {"probe_size": 4},
-                "execution": {"max_chunk_size": 1},
-                "grid": {"init_scale": [0.5, 1.0], "seed": [0, 1]},
-            }
-        )
+def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec):
+    spec = tiny_spec(
+        {"name": "cluster", "train.steps": 400, "execution.max_chunk_size": 1, "grid.seed": [0, 1]}
     )
     store = tmp_path / "store"
     proc = subprocess.run(

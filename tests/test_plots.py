@@ -8,10 +8,8 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from analysis import analyze, phase_diagram_sql, plot
-from analysis.calibration import synthetic_sweep
 from analysis.figures import (
     escape_time_figure,
     loss_curves_figure,
@@ -21,7 +19,7 @@ from analysis.figures import (
 from analysis.plotting import default_plots, render_all, resolve, swept_axes
 from analysis.style import fmt, save
 from pipeline.spec import PlotSpec, SpecError, validate_spec
-from storage import Store, open_catalog
+from storage import open_catalog
 
 SWEEP = "figs"
 GRID = {
@@ -34,21 +32,8 @@ GRID = {
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    st = Store.open(str(tmp_path_factory.mktemp("store")))
-    tables = synthetic_sweep(
-        init_scales=GRID["init_scale"],
-        widths=GRID["width"],
-        depths=GRID["depth"],
-        seeds=GRID["seed"],
-        noise_sigmas=GRID["noise_sigma"],
-        singular_values=(4.0, 1.0, 0.25),
-        steps=10**6,
-        diverge=lambda a, w: a >= 3.0 and w >= 256,
-    )
-    st.write_chunk(SWEEP, "c0", tables)
-    st.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": GRID}))
-    return st
+def store(synthetic_store):
+    return synthetic_store(SWEEP, GRID, singular_values=(4.0, 1.0, 0.25))[0]
 
 
 def _check_png(path):

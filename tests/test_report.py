@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from analysis import report
-from analysis.calibration import synthetic_sweep
 from analysis.report import ReportFigure, report_html
-from storage import Store, open_catalog
+from storage import open_catalog
 
 SWEEP = "rep"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,22 +29,10 @@ GRID = {
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    st = Store.open(str(tmp_path_factory.mktemp("store")))
-    tables = synthetic_sweep(
-        init_scales=GRID["init_scale"],
-        widths=GRID["width"],
-        depths=GRID["depth"],
-        seeds=GRID["seed"],
-        steps=10**6,
-        diverge=lambda a, w: a >= 3.0 and w >= 256,
-        fail_first=True,
+def page(tmp_path_factory, synthetic_store):
+    st, spec_text = synthetic_store(
+        SWEEP, GRID, description="report <test> & escaping", fail_first=True
     )
-    st.write_chunk(SWEEP, "c0", tables)
-    spec_text = yaml.safe_dump(
-        {"name": SWEEP, "description": "report <test> & escaping", "grid": GRID}
-    )
-    st.write_spec(SWEEP, spec_text)
     out = tmp_path_factory.mktemp("report")
     path = report(st, SWEEP, out)
     return st, path, spec_text

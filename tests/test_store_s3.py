@@ -101,26 +101,20 @@ def test_s3_write_analysis_replaces(s3_store, store_make_table):
     assert len(s3_store.files("plateaus")) == 1
 
 
-def test_cli_sweep_into_s3_store_and_resume(s3_store, tmp_path):
+def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec):
     """`phasesweep run --store s3://…` end to end: Ray trials write straight to the object store."""
     import os
     import subprocess
     import sys
 
-    import yaml
-
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "ons3",
-                "model": {"depth": 2, "width": 8},
-                "data": {"n_train": 8, "n_test": 8, "input_dim": 3},
-                "train": {"steps": 30, "log_points": 6},
-                "metrics": {"probe_size": 4},
-                "grid": {"init_scale": [0.5, 1.0], "seed": [0, 1]},
-            }
-        )
+    spec = tiny_spec(
+        {
+            "name": "ons3",
+            "train.steps": 30,
+            "train.log_points": 6,
+            "execution.max_chunk_size": 1024,  # the default: chunks as the CPUs ask
+            "grid.seed": [0, 1],
+        }
     )
     cmd = [
         sys.executable,
