@@ -1,11 +1,15 @@
 """Shared fixtures. Storage fixtures are prefixed ``store_``; ``capture`` records the
 parameters the trainer's metric recorder saw at every logged step; ``tiny_spec`` writes
-the smallest sweep that runs the whole pipeline; ``synthetic_store`` fills a store with
+the smallest sweep that runs the whole pipeline and ``phasesweep_cli`` starts the CLI
+in a process of its own; ``synthetic_store`` fills a store with
 a sweep whose curves are closed forms (:func:`analysis.calibration.synthetic_sweep`)."""
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -164,6 +168,25 @@ def tiny_spec(tmp_path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def phasesweep_cli() -> Callable[..., subprocess.Popen]:
+    """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
+    pipeline.cli *args`` in a process of its own, with this environment plus ``env_extra``
+    and text stdout/stderr piped (``communicate()`` them)."""
+
+    def start(args: list[str], env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            env=dict(os.environ, **(env_extra or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **kw,
+        )
+
+    return start
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -142,23 +140,13 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
 
 
-def _cli(args, env_extra=None, **kw):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
-
-
-def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec):
+def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
     spec = tiny_spec({"execution.max_chunk_size": 1, "train.steps": 3000})
-    proc = _cli(["run", str(spec), "--store", str(store), "--no-progress"], start_new_session=True)
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(store), "--no-progress"], start_new_session=True
+    )
     deadline = time.time() + 240
     while time.time() < deadline and len(list((store / "runs").rglob("*.parquet"))) < 2:
         time.sleep(0.2)
@@ -166,7 +154,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec):
     proc.wait()
     committed = len(Store.open(str(store)).done_run_ids("tiny"))
     assert 2 <= committed < 6
-    done = _cli(["run", str(spec), "--store", str(store), "--no-progress"])
+    done = phasesweep_cli(["run", str(spec), "--store", str(store), "--no-progress"])
     _, err = done.communicate(timeout=300)
     assert done.returncode == 0, err
     # Ray workers orphaned by the kill may still commit a chunk they were finishing
@@ -181,7 +169,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec):
     )
 
 
-def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec):
+def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
     from pipeline.grid import expand
@@ -191,7 +179,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec):
     tune_tmp = Path(
         tempfile.mkdtemp(prefix="ps", dir="/tmp")
     )  # short: Ray's socket paths live here
-    proc = _cli(
+    proc = phasesweep_cli(
         [
             "run",
             str(spec),
@@ -224,7 +212,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec):
     # threads per trial = CPUs Ray gave it
     assert _count(store, "SELECT min(torch_threads) FROM runs WHERE status = 'completed'") == 2
 
-    again = _cli(["run", str(spec), "--store", str(store), "--no-progress"])
+    again = phasesweep_cli(["run", str(spec), "--store", str(store), "--no-progress"])
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err
     assert "skipping 3 already stored; training 3" in err
@@ -234,10 +222,10 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec):
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
-def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec):
+def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
-    proc = _cli(["run", str(spec), "--store", str(store)])
+    proc = phasesweep_cli(["run", str(spec), "--store", str(store)])
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert (

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from storage import run_query
@@ -25,30 +21,16 @@ def ray_cluster():
     cluster.shutdown()
 
 
-def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec):
+def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec, phasesweep_cli):
     spec = tiny_spec(
         {"name": "cluster", "train.steps": 400, "execution.max_chunk_size": 1, "grid.seed": [0, 1]}
     )
     store = tmp_path / "store"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "run",
-            str(spec),
-            "--store",
-            str(store),
-            "--address",
-            ray_cluster.address,
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(store), "--address", ray_cluster.address, "--no-progress"]
     )
-    assert proc.returncode == 0, proc.stderr
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
     names, rows = run_query(store, "SELECT status, count(*) FROM runs GROUP BY status")
     assert rows == [("completed", 4)]
     # the trials ran on both nodes of the cluster

@@ -101,12 +101,8 @@ def test_s3_write_analysis_replaces(s3_store, store_make_table):
     assert len(s3_store.files("plateaus")) == 1
 
 
-def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec):
+def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec, phasesweep_cli):
     """`phasesweep run --store s3://…` end to end: Ray trials write straight to the object store."""
-    import os
-    import subprocess
-    import sys
-
     spec = tiny_spec(
         {
             "name": "ons3",
@@ -116,22 +112,15 @@ def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec):
             "grid.seed": [0, 1],
         }
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipeline.cli",
-        "run",
-        str(spec),
-        "--store",
-        s3_store.uri,
-        "--no-progress",
-    ]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert first.returncode == 0, first.stderr
+    args = ["run", str(spec), "--store", s3_store.uri, "--no-progress"]
+    first = phasesweep_cli(args)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
     assert run_query(s3_store, "SELECT status, count(*) FROM runs GROUP BY ALL")[1] == [
         ("completed", 4)
     ]
     assert run_query(s3_store, "SELECT count(*) FROM trajectories")[1] == [(4 * 6,)]
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert again.returncode == 0 and "skipping 4 already stored; training 0" in again.stderr
+    again = phasesweep_cli(args)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and "skipping 4 already stored; training 0" in err
     assert s3_store.read_spec("ons3") is not None
