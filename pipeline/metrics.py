@@ -4,7 +4,8 @@
 the data; at each logged step the trainer calls :meth:`~MetricRecorder.record`, which
 returns the values of both tables as tensors with the ensemble axis first; the
 keys are column names of ``storage.schema.TRAJECTORIES`` and ``LAYERS``. A column
-a recorder does not return is stored as NULL, and so is a NaN: every metric that does not apply to a member is NaN, never a made-up number.
+a recorder does not return is stored as NULL, and so is a NaN: every metric that
+does not apply to a member is NaN, never a made-up number.
 
 Probe set: the first ``metrics.probe_size`` test inputs of each member (all of
 them if there are fewer), the same at every step and for every run with the
@@ -69,7 +70,7 @@ import torch
 from torch import Tensor
 
 from pipeline.datasets import DataBatch
-from pipeline.models import EnsembleMLP, Forward, Params
+from pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
 from pipeline.ntk import (
     empirical_ntk,
     extreme_eigenvalues,
@@ -84,7 +85,6 @@ from pipeline.spectra import (
     balance_scalar,
     eig_work,
     initial_balance_matrices,
-    member_sq_norm,
     spectra_schedule,
     stable_rank,
     svd_work,
@@ -97,6 +97,12 @@ _TEST_BLOCK_ELEMENTS = 1 << 17
 
 #: Data kinds on which ``even_part_frac`` is recorded by default.
 SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
+
+
+def probe_count(cfg: MetricsConfig, n_test: int) -> int:
+    """Size of the probe set: the first ``cfg.probe_size`` of ``n_test`` test inputs, all
+    of them if there are fewer."""
+    return min(cfg.probe_size, n_test)
 
 
 def _nan(like: Tensor) -> Tensor:
@@ -183,7 +189,7 @@ class MetricRecorder:
         self.norm0 = self.params0.sq_norm().sqrt()
         self.w0_sq = [member_sq_norm(w) for w in self.params0.weights]
         self.w0_fro = [s.sqrt() for s in self.w0_sq]
-        P = min(cfg.probe_size, batch.x_test.shape[1])
+        P = probe_count(cfg, batch.x_test.shape[1])
         self.probe_x = batch.x_test[:, :P]
         self.probe_y = batch.y_test[:, :P]
 

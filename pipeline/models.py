@@ -59,7 +59,20 @@ class Params:
 
     def sq_norm(self) -> Tensor:
         """‖θ‖² per member, shape (E,)."""
-        return sum(t.reshape(t.shape[0], -1).square().sum(1) for t in self.tensors())
+        return sum(member_sq_norm(t) for t in self.tensors())
+
+
+def member_sq_norm(t: Tensor) -> Tensor:
+    """‖t_e‖² per member of an (E, ...) tensor: (E,). One pass (no squared temporary)."""
+    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
+
+
+def equal_blocks(n: int, most: int) -> list[tuple[int, int]]:
+    """``[start, end)`` bounds of the fewest blocks of at most ``most`` of n members, of
+    equal sizes (±1): n = 13, most = 6 gives blocks of 5, 4, 4, not 6, 6, 1."""
+    count = -(-n // most)
+    cuts = [(i * n) // count for i in range(count + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 @dataclass
@@ -316,11 +329,9 @@ class EnsembleStep:
             if len(self._cache) >= 4:  # e.g. minibatch and full batch: a few shapes at most
                 self._cache.clear()
         # blocks of equal size (±1), none larger than b
-        n_blocks = -(-self.E // b)
-        bounds = [(i * self.E) // n_blocks for i in range(n_blocks + 1)]
         blocks = [
             _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e)
-            for s, e in zip(bounds[:-1], bounds[1:])
+            for s, e in equal_blocks(self.E, b)
         ]
         # the cache holds the tensors themselves, so their ids cannot be reused meanwhile
         self._cache[key] = (tensors, bufs, blocks)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.models import Params
+from pipeline.models import Params, member_sq_norm
 
 #: Most elements of one (members × n × n) temporary of the matrix balance.
 _BLOCK_ELEMENTS = 1 << 24
@@ -48,11 +48,6 @@ def stable_rank(fro: Tensor, top: Tensor) -> Tensor:
     return fro.square() / top.square()
 
 
-def member_sq_norm(t: Tensor) -> Tensor:
-    """‖t_e‖² per member of an (E, ...) tensor: (E,). One pass (no squared temporary)."""
-    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
-
-
 def balance_scalar(params: Params) -> Tensor:
     """c_l = ‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖² for l = 1 … L−1: (E, L−1).
 
@@ -64,7 +59,7 @@ def balance_scalar(params: Params) -> Tensor:
     for l in range(len(w) - 1):
         c = member_sq_norm(w[l + 1]) - member_sq_norm(w[l])
         if params.biases is not None:
-            c = c - params.biases[l].square().sum(1)
+            c = c - member_sq_norm(params.biases[l])
         cols.append(c)
     if not cols:
         return w[0].new_zeros(w[0].shape[0], 0)

@@ -34,8 +34,8 @@ from torch import Tensor
 from pipeline.datasets import DataBatch, data_seed, make_dataset, stack
 from pipeline.grid import Chunk, Point
 from pipeline.init import init_params
-from pipeline.metrics import MetricRecorder
-from pipeline.models import EnsembleMLP, EnsembleStep, Params
+from pipeline.metrics import MetricRecorder, probe_count
+from pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
 from pipeline.seeding import derive_seed, permutations
 from pipeline.spec import RunConfig
 from storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, LAYERS, RUNS, TRAJECTORIES
@@ -411,15 +411,13 @@ def _member_blocks(make, trainer: ChunkTrainer):
     """``make(net, params0, batch)`` for the whole chunk, or per block of at most
     :func:`metrics_block` members (equal sizes ±1) wrapped as one recorder."""
     E = trainer.E
-    probe = min(trainer.base.metrics.probe_size, trainer.batch.x_test.shape[1])
+    probe = probe_count(trainer.base.metrics, trainer.batch.x_test.shape[1])
     block = metrics_block(
         trainer.net.dims, probe, trainer.params0.weights[0].element_size(), trainer.device
     )
     if block >= E:
         return make(trainer.net, trainer.params0, trainer.batch)
-    n = -(-E // block)
-    cuts = [(i * E) // n for i in range(n + 1)]
-    bounds = list(zip(cuts[:-1], cuts[1:]))
+    bounds = equal_blocks(E, block)
     slope = trainer.net._slope
     recorders = []
     for s, e in bounds:
