@@ -15,9 +15,9 @@ The pure cores live in :mod:`analysis.escape`, :mod:`analysis.plateaus`,
 :mod:`analysis.calibration` has closed-form loss curves with known answers.
 """
 
-from analysis.analyze import analyze
-from analysis.phase import phase_diagram_sql
-from analysis.plotting import plot
-from analysis.report import report
+from phasesweep.analysis.analyze import analyze
+from phasesweep.analysis.phase import phase_diagram_sql
+from phasesweep.analysis.plotting import plot
+from phasesweep.analysis.report import report
 
 __all__ = ["analyze", "phase_diagram_sql", "plot", "report"]

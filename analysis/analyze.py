@@ -16,14 +16,19 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-
-from analysis import series as ser
-from analysis.escape import escape_times
-from analysis.plateaus import plateau_frame
-from analysis.regimes import classify
-from analysis.scaling import fit_scaling
-from pipeline.spec import SHORT_NAMES, AnalysisConfig, SweepSpec, parse_yaml, validate_spec
-from storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
+from phasesweep.analysis import series as ser
+from phasesweep.analysis.escape import escape_times
+from phasesweep.analysis.plateaus import plateau_frame
+from phasesweep.analysis.regimes import classify
+from phasesweep.analysis.scaling import fit_scaling
+from phasesweep.pipeline.spec import (
+    SHORT_NAMES,
+    AnalysisConfig,
+    SweepSpec,
+    parse_yaml,
+    validate_spec,
+)
+from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +251,7 @@ def analyze(store, sweep: str) -> dict[str, int]:
     ``store`` is a ``storage.Store`` or a URI. Each table's partition for the
     sweep is replaced whole. Returns the number of rows written per table.
     """
-    from storage import Store, open_catalog
+    from phasesweep.storage import Store, open_catalog
 
     store = store if isinstance(store, Store) else Store.open(store)
     con = open_catalog(store)

@@ -165,7 +165,7 @@ def synthetic_sweep(
     """
     import json
 
-    from storage.schema import LAYERS, RUNS, TRAJECTORIES
+    from phasesweep.storage.schema import LAYERS, RUNS, TRAJECTORIES
 
     t = logged_times(lr, steps, log_points)
     step = np.round(t / lr).astype(np.int64)

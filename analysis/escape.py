@@ -28,8 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from analysis.series import Series, segment_last_true
+from phasesweep.analysis.series import Series, segment_last_true
 
 
 def escape_times(

@@ -16,9 +16,8 @@ from matplotlib import pyplot as plt
 from matplotlib import ticker as mticker
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-
-from analysis import style
-from analysis.style import fmt, label, short_label
+from phasesweep.analysis import style
+from phasesweep.analysis.style import fmt, label, short_label
 
 
 def _wrap(text: str, width_in: float, size: float = 12) -> str:

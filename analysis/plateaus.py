@@ -52,9 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from phasesweep.analysis.series import Series
 from scipy.signal import find_peaks
-
-from analysis.series import Series
 
 _TINY = 1e-300
 #: contrasts are reported with the plateau rate floored at this fraction of the peak rate.

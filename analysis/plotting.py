@@ -16,11 +16,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
-
-from analysis import figures
-from analysis.phase import AXES, VALUES, phase_diagram_sql
-from analysis.style import fmt, save, short_label
-from pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
+from phasesweep.analysis import figures
+from phasesweep.analysis.phase import AXES, VALUES, phase_diagram_sql
+from phasesweep.analysis.style import fmt, save, short_label
+from phasesweep.pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class Figure:
 def swept_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
     """The runs columns the sweep varies (not seed), in grid order when a spec is known."""
     if spec is not None:
-        from analysis.analyze import grid_axes
+        from phasesweep.analysis.analyze import grid_axes
 
         axes = [a for a in grid_axes(spec) if a in AXES and a != "seed" and a in runs]
         axes = [a for a in axes if runs[a].nunique(dropna=True) > 1]
@@ -177,7 +176,7 @@ def render(con, sweep: str, p: PlotSpec, cfg: AnalysisConfig) -> plt.Figure | No
         ).df()
         if pts["escape_time"].notna().sum() == 0:
             return None
-        from analysis.analyze import fit_mask
+        from phasesweep.analysis.analyze import fit_mask
 
         pts["in_fit"] = fit_mask(pts, cfg)
         fits = con.execute("SELECT * FROM scaling_fits WHERE sweep = ?", q).df()
@@ -350,8 +349,8 @@ def default_out_dir(store, sweep: str) -> Path:
 
 def render_store(store, sweep: str, out_dir: Path | str | None = None) -> list[Rendered]:
     """:func:`render_all` on a store (analyzing the sweep first if it has no summaries)."""
-    from analysis.analyze import analyze, load_spec
-    from storage import open_catalog
+    from phasesweep.analysis.analyze import analyze, load_spec
+    from phasesweep.storage import open_catalog
 
     con = open_catalog(store)
     try:
@@ -378,7 +377,7 @@ def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
     no summaries yet. Without ``out_dir`` the figures go to :func:`default_out_dir`;
     for an object store they are also uploaded to ``STORE/figures/SWEEP/``.
     """
-    from storage import Store
+    from phasesweep.storage import Store
 
     store = store if isinstance(store, Store) else Store.open(store)
     return [p for r in render_store(store, sweep, out_dir) for p in r.paths]

@@ -15,8 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
-
-from analysis.style import fmt
+from phasesweep.analysis.style import fmt
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin: 2em auto;
@@ -203,9 +202,9 @@ def report(store, sweep: str, out_dir: Path | str | None = None) -> Path:
     into the same folder, running ``analyze`` first if the sweep has no summaries.
     Returns the path of the page.
     """
-    from analysis.analyze import load_spec
-    from analysis.plotting import default_out_dir, render_store
-    from storage import Store, open_catalog
+    from phasesweep.analysis.analyze import load_spec
+    from phasesweep.analysis.plotting import default_out_dir, render_store
+    from phasesweep.storage import Store, open_catalog
 
     store = store if isinstance(store, Store) else Store.open(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)

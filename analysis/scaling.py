@@ -42,9 +42,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from phasesweep.storage.schema import SCALING_FITS
 from scipy import stats
-
-from storage.schema import SCALING_FITS
 
 FIT_COLUMNS = SCALING_FITS.names
 

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-from storage import Store, open_catalog
-from storage import schema as S
+from phasesweep.storage import Store, open_catalog
+from phasesweep.storage import schema as S
 
 #: The phase-diagram aggregate: final-step metrics per (init_scale, width) cell.
 PHASE_QUERY = """
@@ -48,7 +47,7 @@ def synthetic_chunk(
     first_run: int, n_runs: int, steps: int, log_points: int, rng: np.random.Generator
 ) -> dict[str, pa.Table]:
     """``runs`` and ``trajectories`` of ``n_runs`` runs with ids from ``first_run`` on."""
-    from pipeline.trainer import log_steps
+    from phasesweep.pipeline.trainer import log_steps
 
     logged = log_steps(steps, log_points)
     k = len(logged)
@@ -116,7 +115,7 @@ def store_benchmark(
 ) -> dict[str, Any]:
     """Write ``rows`` trajectory rows in chunks of about ``chunk_rows`` to a store at
     ``root``, then time the phase-diagram aggregate over them."""
-    from pipeline.trainer import log_steps
+    from phasesweep.pipeline.trainer import log_steps
 
     rng = np.random.default_rng(seed)
     store = Store.open(root)

@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks
-from pipeline.spec import RunConfig, SweepSpec, validate_spec
+from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks
+from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 # -- the grid -----------------------------------------------------------------------------
 
@@ -136,7 +135,7 @@ def best_of(repeats: int, fn, *args, key: str = "train_s", **kwargs) -> dict[str
 
 def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[str, Any]:
     """Train ``points`` as one chunk in this process; wall time includes data and init."""
-    from pipeline.trainer import ChunkTrainer
+    from phasesweep.pipeline.trainer import ChunkTrainer
 
     started = time.perf_counter()
     trainer = ChunkTrainer(Chunk("bench", tuple(points)), device)
@@ -172,9 +171,8 @@ def phasesweep_ray(
     import resource
 
     import pyarrow.dataset as ds
-
-    from pipeline.driver import run_chunks
-    from storage import Store
+    from phasesweep.pipeline.driver import run_chunks
+    from phasesweep.storage import Store
 
     store = Store.open(store_dir)
     chunks = make_chunks(points, spec, min_chunks=n_trials)
@@ -249,10 +247,10 @@ def plain_train(config: RunConfig, report=None) -> float:
     train and test losses are computed at the same log-spaced steps phasesweep logs
     and passed to ``report(step, train_loss, test_loss)`` if given.
     """
-    from pipeline.datasets import data_seed, make_dataset
-    from pipeline.init import init_params
-    from pipeline.models import EnsembleMLP
-    from pipeline.trainer import log_steps, member_lr
+    from phasesweep.pipeline.datasets import data_seed, make_dataset
+    from phasesweep.pipeline.init import init_params
+    from phasesweep.pipeline.models import EnsembleMLP
+    from phasesweep.pipeline.trainer import log_steps, member_lr
 
     ds = make_dataset(config.data, data_seed(config.data, config.train.seed))
     x, y = ds.x_train.to(torch.float64), ds.y_train.to(torch.float64)
@@ -371,7 +369,7 @@ def ray_tune_baseline(points: Sequence[Point], name: str = "baseline") -> dict[s
 
 def ray_init() -> float:
     """Start the local Ray instance the way ``phasesweep run`` does; returns seconds."""
-    from pipeline.driver import _ray_init
+    from phasesweep.pipeline.driver import _ray_init
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = time.perf_counter()
@@ -400,6 +398,6 @@ def grid_points(spec: SweepSpec) -> list[Point]:
 
 
 def log_steps_of(spec: SweepSpec) -> np.ndarray:
-    from pipeline.trainer import log_steps
+    from phasesweep.pipeline.trainer import log_steps
 
     return log_steps(spec.train.steps, spec.train.log_points)

@@ -3,7 +3,7 @@
 The public surface is re-exported here; the modules behind it are private
 details that may move. Typical use from Python::
 
-    from pipeline import load_spec, expand, make_chunks, train_chunk
+    from phasesweep.pipeline import load_spec, expand, make_chunks, train_chunk
 
     spec, _ = load_spec("sweeps/quickstart.yaml", ["train.steps=500"])
     chunks = make_chunks(expand(spec), spec)
@@ -14,14 +14,14 @@ Concurrency: :func:`train_chunk` uses the calling process's torch threads; set
 cores, small batched ops slow down by an order of magnitude).
 """
 
-from pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
-from pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
+from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
+from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
 
 def __getattr__(name: str) -> object:
     # The trainer pulls in torch: imported on first use so the CLI starts fast.
     if name == "train_chunk":
-        from pipeline.trainer import train_chunk
+        from phasesweep.pipeline.trainer import train_chunk
 
         return train_chunk
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -103,8 +103,8 @@ def _bounded(kind: type, low: float, strict: bool) -> object:
 
 def _open_store(uri: str | None) -> object:
     """The store at ``uri``; an unusable URI is an argument error (exit 2)."""
-    from pipeline.spec import SpecError
-    from storage import Store
+    from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage import Store
 
     try:
         return Store.open(uri)
@@ -119,10 +119,9 @@ def _fail(message: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import yaml
-
-    from pipeline.driver import flops_estimate, run_chunks, trial_slots
-    from pipeline.grid import expand, make_chunks, member_bytes
-    from pipeline.spec import load_spec
+    from phasesweep.pipeline.driver import flops_estimate, run_chunks, trial_slots
+    from phasesweep.pipeline.grid import expand, make_chunks, member_bytes
+    from phasesweep.pipeline.spec import load_spec
 
     spec, raw = load_spec(args.spec, args.overrides)
     points = expand(spec)
@@ -184,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from storage import run_query
+    from phasesweep.storage import run_query
 
     store = _open_store(args.store)
     where = ""
@@ -208,8 +207,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _spec_points(store: object, sweep: str) -> int | None:
-    from pipeline.grid import expand
-    from pipeline.spec import parse_yaml, validate_spec
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import parse_yaml, validate_spec
 
     text = store.read_spec(sweep)
     return None if text is None else len(expand(validate_spec(parse_yaml(text))))
@@ -222,7 +221,7 @@ def _sql_str(text: str) -> str:
 def cmd_query(args: argparse.Namespace) -> int:
     import csv
 
-    from storage import ReadOnlyQueryError, run_query
+    from phasesweep.storage import ReadOnlyQueryError, run_query
 
     try:
         names, rows = run_query(_open_store(args.store), args.sql)
@@ -256,7 +255,7 @@ def _print_table(names: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 
 
 def cmd_analysis(args: argparse.Namespace) -> int:
-    import analysis
+    from phasesweep import analysis
 
     store = _open_store(args.store)
     if args.sweep not in store.sweeps():
@@ -283,7 +282,7 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.spec import SpecError
+    from phasesweep.pipeline.spec import SpecError
 
     try:
         args = build_parser().parse_args(argv)

@@ -69,10 +69,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline.spec import DataConfig
 from torch import Tensor
-
-from pipeline.seeding import generator
-from pipeline.spec import DataConfig
 
 
 @dataclass

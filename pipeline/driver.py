@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from phasesweep.pipeline.grid import Chunk, Point
+from phasesweep.pipeline.spec import RunConfig
+from phasesweep.storage import Store
+from phasesweep.storage.schema import RUNS
 from tqdm.auto import tqdm
-
-from pipeline.grid import Chunk, Point
-from pipeline.spec import RunConfig
-from storage import Store
-from storage.schema import RUNS
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
 #: ``*`` for all): a fault injector for testing retries and the ``failed`` status.
@@ -73,7 +72,7 @@ def train_and_store(
 
     Returns the small summary a Tune trial reports.
     """
-    from pipeline.trainer import train_chunk
+    from phasesweep.pipeline.trainer import train_chunk
 
     store = Store.open(store_uri)
     done = store.done_run_ids(sweep)
@@ -114,7 +113,7 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     """``runs`` rows with status 'failed' for points whose trial failed after retries."""
     from datetime import datetime, timezone
 
-    from pipeline.trainer import point_columns, table_of
+    from phasesweep.pipeline.trainer import point_columns, table_of
 
     n = len(points)
     cols = point_columns(points, chunk_id)
@@ -248,6 +247,6 @@ def _describe(error: BaseException) -> str:
 
 def flops_estimate(points: Sequence[Point]) -> float:
     """Training FLOPs of the points (forward + backward, all steps)."""
-    from pipeline.grid import flops_per_step
+    from phasesweep.pipeline.grid import flops_per_step
 
     return float(np.sum([flops_per_step(p.config) * p.config.train.steps for p in points]))

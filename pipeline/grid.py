@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from phasesweep.pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec
 from pydantic import BaseModel, ValidationError
-
-from pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec
 
 #: Fields that may differ between members of one chunk (one vectorized ensemble).
 MEMBER_FIELDS: tuple[tuple[str, str], ...] = (

@@ -28,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-
-from pipeline.models import EnsembleMLP, Params
-from pipeline.seeding import generator
-from pipeline.spec import ModelConfig
+from phasesweep.pipeline.models import EnsembleMLP, Params
+from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline.spec import ModelConfig
 
 
 def _unit(n: int, gen: torch.Generator) -> torch.Tensor:

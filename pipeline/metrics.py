@@ -67,11 +67,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
-
-from pipeline.datasets import DataBatch
-from pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
-from pipeline.ntk import (
+from phasesweep.pipeline.datasets import DataBatch
+from phasesweep.pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
+from phasesweep.pipeline.ntk import (
     empirical_ntk,
     extreme_eigenvalues,
     kernel_alignment,
@@ -79,8 +77,8 @@ from pipeline.ntk import (
     kernel_rel_change,
     sensitivities,
 )
-from pipeline.spec import MetricsConfig, RunConfig
-from pipeline.spectra import (
+from phasesweep.pipeline.spec import MetricsConfig, RunConfig
+from phasesweep.pipeline.spectra import (
     balance_matrix_drift,
     balance_scalar,
     eig_work,
@@ -90,6 +88,7 @@ from pipeline.spectra import (
     svd_work,
     top_singular_values,
 )
+from torch import Tensor
 
 #: Most elements (members × rows × width) of one block of test points in the
 #: transversal gradient: small blocks avoid fresh page-faulting allocations.

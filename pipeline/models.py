@@ -33,9 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from phasesweep.pipeline.spec import ModelConfig
 from torch import Tensor
-
-from pipeline.spec import ModelConfig
 
 #: Activations that are positively homogeneous of degree 1 (balance is conserved per neuron).
 HOMOGENEOUS = frozenset({"linear", "relu", "leaky_relu"})

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from phasesweep.pipeline.models import EnsembleMLP, Forward, Params
 from torch import Tensor
-
-from pipeline.models import EnsembleMLP, Forward, Params
 
 
 def _gram(a: Tensor) -> Tensor:

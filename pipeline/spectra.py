@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from phasesweep.pipeline.models import Params, member_sq_norm
 from torch import Tensor
-
-from pipeline.models import Params, member_sq_norm
 
 #: Most elements of one (members × n × n) temporary of the matrix balance.
 _BLOCK_ELEMENTS = 1 << 24

@@ -29,16 +29,21 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import torch
+from phasesweep.pipeline.datasets import DataBatch, data_seed, make_dataset, stack
+from phasesweep.pipeline.grid import Chunk, Point
+from phasesweep.pipeline.init import init_params
+from phasesweep.pipeline.metrics import MetricRecorder, probe_count
+from phasesweep.pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
+from phasesweep.pipeline.seeding import derive_seed, permutations
+from phasesweep.pipeline.spec import RunConfig
+from phasesweep.storage.schema import (
+    CROSSING_COLUMNS,
+    CROSSING_FRACTIONS,
+    LAYERS,
+    RUNS,
+    TRAJECTORIES,
+)
 from torch import Tensor
-
-from pipeline.datasets import DataBatch, data_seed, make_dataset, stack
-from pipeline.grid import Chunk, Point
-from pipeline.init import init_params
-from pipeline.metrics import MetricRecorder, probe_count
-from pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
-from pipeline.seeding import derive_seed, permutations
-from pipeline.spec import RunConfig
-from storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, LAYERS, RUNS, TRAJECTORIES
 
 
 def log_steps(steps: int, log_points: int) -> np.ndarray:

@@ -3,10 +3,10 @@
 See DESIGN.md ("The data path", "Store tables") and ``storage.schema``.
 """
 
-from storage import schema
-from storage.catalog import open_catalog
-from storage.query import ReadOnlyQueryError, run_query
-from storage.store import Store, resolve_store_uri
+from phasesweep.storage import schema
+from phasesweep.storage.catalog import open_catalog
+from phasesweep.storage.query import ReadOnlyQueryError, run_query
+from phasesweep.storage.store import Store, resolve_store_uri
 
 __all__ = [
     "ReadOnlyQueryError",

@@ -22,10 +22,9 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
-
-from storage import schema
-from storage.manifest import manifest_table
-from storage.store import Store, as_store
+from phasesweep.storage import schema
+from phasesweep.storage.manifest import manifest_table
+from phasesweep.storage.store import Store, as_store
 
 #: Parquet-backed tables, ``runs`` first (see the snapshot note above).
 _TABLES = {

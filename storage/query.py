@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import duckdb
-
-from storage.catalog import create_views
-from storage.store import Store, as_store
+from phasesweep.storage.catalog import create_views
+from phasesweep.storage.store import Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 

@@ -24,10 +24,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
-
-from storage import schema
-from storage.manifest import decode_entries, encode_entry, manifest_entry
-from storage.writer import parquet_bytes, put_atomic
+from phasesweep.storage import schema
+from phasesweep.storage.manifest import decode_entries, encode_entry, manifest_entry
+from phasesweep.storage.writer import parquet_bytes, put_atomic
 
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"

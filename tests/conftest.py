@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import phasesweep.pipeline.trainer as trainer_mod
 import pyarrow as pa
 import pytest
 import yaml
-
-import pipeline.trainer as trainer_mod
-from analysis.calibration import synthetic_sweep
-from pipeline.metrics import MetricRecorder
-from pipeline.models import Params
-from storage import Store, schema
+from phasesweep.analysis.calibration import synthetic_sweep
+from phasesweep.pipeline.metrics import MetricRecorder
+from phasesweep.pipeline.models import Params
+from phasesweep.storage import Store, schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
 
@@ -178,7 +177,7 @@ def phasesweep_cli() -> Callable[..., subprocess.Popen]:
 
     def start(args: list[str], env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", *args],
+            [sys.executable, "-m", "phasesweep.pipeline.cli", *args],
             env=dict(os.environ, **(env_extra or {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from pipeline.grid import Point, expand, make_chunks
-from pipeline.spec import SweepSpec, load_spec
-from pipeline.trainer import train_chunk
+from phasesweep.pipeline.grid import Point, expand, make_chunks
+from phasesweep.pipeline.spec import SweepSpec, load_spec
+from phasesweep.pipeline.trainer import train_chunk
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 

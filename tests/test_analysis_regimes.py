@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from analysis.regimes import classify
+from phasesweep.analysis.regimes import classify
 
 nan = np.nan
 

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from phasesweep.analysis import series as ser
+from phasesweep.analysis.calibration import deep_linear_loss, logged_times
+from phasesweep.analysis.escape import escape_times
+from phasesweep.analysis.scaling import fit_group, fit_scaling, theory
 from scipy import stats
-
-from analysis import series as ser
-from analysis.calibration import deep_linear_loss, logged_times
-from analysis.escape import escape_times
-from analysis.scaling import fit_group, fit_scaling, theory
 
 
 def _ols_slope(x, y):

@@ -10,12 +10,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
-
-from analysis import analyze, phase_diagram_sql
-from analysis.analyze import analyze_frames
-from analysis.calibration import logged_times, synthetic_sweep, two_layer_escape_time
-from storage import Store, open_catalog
-from storage.schema import PLATEAUS, SCALING_FITS, SUMMARIES
+from phasesweep.analysis import analyze, phase_diagram_sql
+from phasesweep.analysis.analyze import analyze_frames
+from phasesweep.analysis.calibration import logged_times, synthetic_sweep, two_layer_escape_time
+from phasesweep.storage import Store, open_catalog
+from phasesweep.storage.schema import PLATEAUS, SCALING_FITS, SUMMARIES
 
 ALPHAS = tuple(np.logspace(-4, 0, 9))
 WIDTHS = (16, 256)

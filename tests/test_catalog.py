@@ -9,9 +9,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from storage import ReadOnlyQueryError, Store, open_catalog, run_query, schema
-from storage.writer import parquet_bytes, put_atomic
+from phasesweep.storage import ReadOnlyQueryError, Store, open_catalog, run_query, schema
+from phasesweep.storage.writer import parquet_bytes, put_atomic
 
 VIEWS = {
     "runs": schema.RUNS,
@@ -183,13 +182,13 @@ def test_query_connection_is_hardened_without_the_statement_check(
     tmp_path, store_make_chunk, monkeypatch
 ):
     """Defence in depth: with the statement check bypassed, DuckDB itself refuses."""
-    import storage.query
+    from phasesweep.storage import query as query_mod
 
     store = Store.open(str(tmp_path))
     store.write_chunk("s", "c0", store_make_chunk(["r1"]))
     before = _fingerprint(tmp_path)
     runs_file = store.files("runs")[0]
-    monkeypatch.setattr(storage.query, "_read_only_statement", lambda sql: sql)
+    monkeypatch.setattr(query_mod, "_read_only_statement", lambda sql: sql)
     attacks = [
         f"COPY (SELECT 1 AS x) TO '{tmp_path}/runs/sweep=s/evil.parquet' (FORMAT parquet)",
         f"COPY runs TO '{runs_file}' (FORMAT parquet)",

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from pipeline.cli import main
-from storage import Store, run_query
+from phasesweep.pipeline.cli import main
+from phasesweep.storage import Store, run_query
 
 BAD_SPECS = [
     ("model.foo", 3, "model.foo", "unknown key"),
@@ -172,8 +171,8 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
-    from pipeline.grid import expand
-    from pipeline.spec import load_spec
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import load_spec
 
     victim = expand(load_spec(spec)[0])[0].run_id
     tune_tmp = Path(

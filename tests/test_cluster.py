@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from storage import run_query
+from phasesweep.storage import run_query
 
 
 @pytest.fixture

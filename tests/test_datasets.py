@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from pipeline.datasets import _load_digits, make_dataset, teacher_fn
-from pipeline.grid import expand, make_chunks
-from pipeline.seeding import generator
-from pipeline.spec import DataConfig, SpecError, validate_spec
-from pipeline.trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.datasets import _load_digits, make_dataset, teacher_fn
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline.spec import DataConfig, SpecError, validate_spec
+from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps

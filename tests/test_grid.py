@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from pipeline.grid import expand, make_chunks, run_id_of
-from pipeline.spec import SpecError, validate_spec
+from phasesweep.pipeline.grid import expand, make_chunks, run_id_of
+from phasesweep.pipeline.spec import SpecError, validate_spec
 
 
 def _spec(grid, **extra):

@@ -9,12 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from pipeline.grid import expand, make_chunks
-from pipeline.init import init_params
-from pipeline.models import EnsembleMLP
-from pipeline.spec import ModelConfig, SpecError, validate_spec
-from pipeline.trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.init import init_params
+from phasesweep.pipeline.models import EnsembleMLP
+from phasesweep.pipeline.spec import ModelConfig, SpecError, validate_spec
+from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps / 2  # unit roundoff

@@ -13,16 +13,15 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from pipeline.datasets import data_seed, make_dataset
-from pipeline.grid import Chunk, expand, make_chunks
-from pipeline.init import init_params
-from pipeline.metrics import MetricRecorder
-from pipeline.models import EnsembleMLP, Params
-from pipeline.ntk import empirical_ntk
-from pipeline.spec import ModelConfig, validate_spec
-from pipeline.trainer import ChunkTrainer, train_chunk
-from storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
+from phasesweep.pipeline.datasets import data_seed, make_dataset
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.init import init_params
+from phasesweep.pipeline.metrics import MetricRecorder
+from phasesweep.pipeline.models import EnsembleMLP, Params
+from phasesweep.pipeline.ntk import empirical_ntk
+from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
+from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -390,7 +389,7 @@ def test_dead_units_on_positive_inputs():
         w1[e, :k] *= -1
     params = Params([w1, torch.randn(E, 1, m, generator=gen, dtype=F64)], None)
     x = torch.rand(E, 30, d, generator=gen, dtype=F64) + 0.1
-    from pipeline.datasets import DataBatch
+    from phasesweep.pipeline.datasets import DataBatch
 
     batch = DataBatch(x, x[..., :1], x, x[..., :1], None, 1)
     rec = MetricRecorder(net, params, batch, validate_spec({"name": "x"}).metrics)
@@ -448,7 +447,7 @@ def test_even_part_of_a_bias_free_linear_net_is_zero_and_of_relu_is_not():
         cfg = ModelConfig(depth=3, width=8, activation=act, bias=False)
         net = EnsembleMLP(cfg, 5, 1)
         params = random_params(net.dims, 2, False, gen)
-        from pipeline.metrics import even_part_frac
+        from phasesweep.pipeline.metrics import even_part_frac
 
         frac = even_part_frac(net, params, x)
         if expect_zero:

@@ -6,9 +6,8 @@ import itertools
 
 import pytest
 import torch
-
-from pipeline.models import EnsembleMLP, Params, loss_and_grads
-from pipeline.spec import ModelConfig
+from phasesweep.pipeline.models import EnsembleMLP, Params, loss_and_grads
+from phasesweep.pipeline.spec import ModelConfig
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
-from pipeline.grid import Chunk, expand, make_chunks
-from pipeline.models import (
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.models import (
     CPU_BLOCK_BYTES,
     EnsembleMLP,
     EnsembleStep,
@@ -18,8 +17,8 @@ from pipeline.models import (
     block_bytes_per_member,
     loss_and_grads,
 )
-from pipeline.spec import ModelConfig, validate_spec
-from pipeline.trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 
@@ -235,7 +234,7 @@ def test_make_chunks_balanced_and_min_chunks():
 
 @pytest.mark.parametrize("kind", ["subspace", "symmetric"])
 def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, kind):
-    import pipeline.trainer as trainer_mod
+    import phasesweep.pipeline.trainer as trainer_mod
 
     data = {"kind": kind, "n_train": 16, "n_test": 20, "input_dim": 5}
     if kind == "subspace":

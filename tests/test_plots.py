@@ -8,18 +8,17 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis import analyze, phase_diagram_sql, plot
-from analysis.figures import (
+from phasesweep.analysis import analyze, phase_diagram_sql, plot
+from phasesweep.analysis.figures import (
     escape_time_figure,
     loss_curves_figure,
     phase_diagram_figure,
     transversal_figure,
 )
-from analysis.plotting import default_plots, render_all, resolve, swept_axes
-from analysis.style import fmt, save
-from pipeline.spec import PlotSpec, SpecError, validate_spec
-from storage import open_catalog
+from phasesweep.analysis.plotting import default_plots, render_all, resolve, swept_axes
+from phasesweep.analysis.style import fmt, save
+from phasesweep.pipeline.spec import PlotSpec, SpecError, validate_spec
+from phasesweep.storage import open_catalog
 
 SWEEP = "figs"
 GRID = {

@@ -6,9 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from pipeline.cli import main
-from storage import run_query
+from phasesweep.pipeline.cli import main
+from phasesweep.storage import run_query
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

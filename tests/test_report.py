@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from analysis import report
-from analysis.report import ReportFigure, report_html
-from storage import open_catalog
+from phasesweep.analysis import report
+from phasesweep.analysis.report import ReportFigure, report_html
+from phasesweep.storage import open_catalog
 
 SWEEP = "rep"
 CHROMIUM = Path("/usr/bin/chromium")

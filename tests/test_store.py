@@ -9,11 +9,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import storage.store
-import storage.writer
-from storage import Store, open_catalog, resolve_store_uri, schema
-from storage.writer import parquet_bytes
+from phasesweep.storage import Store, open_catalog, resolve_store_uri, schema
+from phasesweep.storage import store as store_mod
+from phasesweep.storage import writer as writer_mod
+from phasesweep.storage.writer import parquet_bytes
 
 
 def _rows(con, sql: str) -> list[dict]:
@@ -232,7 +231,7 @@ def test_crash_inside_parquet_writer_leaves_nothing(tmp_path, store_make_chunk, 
         sink.write(b"PAR1 partial bytes")
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(storage.writer.pq, "write_table", broken_write_table)
+    monkeypatch.setattr(writer_mod.pq, "write_table", broken_write_table)
     with pytest.raises(OSError, match="disk on fire"):
         store.write_chunk("s", "c1", store_make_chunk(["r2"]))
     assert _all_files(tmp_path) == before
@@ -256,7 +255,7 @@ def test_crash_after_partial_file_write_leaves_no_file(tmp_path, store_make_chun
             raise OSError("I/O error")
         real_fsync(fd)
 
-    monkeypatch.setattr(storage.writer.os, "fsync", failing_fsync)
+    monkeypatch.setattr(writer_mod.os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="I/O error"):
         store.write_chunk("s", "c1", store_make_chunk(["r2"]))
     monkeypatch.undo()
@@ -271,14 +270,14 @@ def test_crash_after_partial_file_write_leaves_no_file(tmp_path, store_make_chun
 
 def test_crash_between_trajectories_and_runs(tmp_path, store_make_chunk, monkeypatch):
     store = Store.open(str(tmp_path))
-    real_put = storage.store.put_atomic
+    real_put = store_mod.put_atomic
 
     def put_until_runs(fs, path, data):
         if "/runs/" in path:
             raise KeyboardInterrupt  # the worker is killed before the commit
         real_put(fs, path, data)
 
-    monkeypatch.setattr(storage.store, "put_atomic", put_until_runs)
+    monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
     tables = store_make_chunk(["r1", "r2"], steps=4)
     with pytest.raises(KeyboardInterrupt):
         store.write_chunk("s", "c0", tables)

@@ -6,9 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 from moto.server import ThreadedMotoServer
-
-import storage.store
-from storage import Store, open_catalog, run_query
+from phasesweep.storage import Store, open_catalog, run_query
+from phasesweep.storage import store as store_mod
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,7 @@ def test_s3_round_trip(s3_store, store_make_chunk):
 
 
 def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeypatch):
-    real_put = storage.store.put_atomic
+    real_put = store_mod.put_atomic
 
     def put_until_runs(fs, path, data):
         if "/runs/" in path:
@@ -78,7 +77,7 @@ def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeyp
         real_put(fs, path, data)
 
     tables = store_make_chunk(["r1"], steps=3)
-    monkeypatch.setattr(storage.store, "put_atomic", put_until_runs)
+    monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
     with pytest.raises(ConnectionError):
         s3_store.write_chunk("s", "c0", tables)
     monkeypatch.undo()
@@ -91,7 +90,7 @@ def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeyp
 
 
 def test_s3_write_analysis_replaces(s3_store, store_make_table):
-    from storage import schema
+    from phasesweep.storage import schema
 
     first = store_make_table(schema.PLATEAUS, 3, run_id=["a", "a", "b"])
     second = store_make_table(schema.PLATEAUS, 1, seed=1, run_id=["c"])

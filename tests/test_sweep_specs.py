@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.spec import load_spec
 from sweep_runner import SWEEPS
-
-from pipeline.grid import expand, make_chunks
-from pipeline.spec import load_spec
 
 FILES = sorted(SWEEPS.glob("*.yaml"))
 PHENOMENA = [

@@ -23,14 +23,13 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from pipeline.datasets import DataBatch
-from pipeline.grid import Chunk, Point, expand, make_chunks
-from pipeline.init import init_params
-from pipeline.models import EnsembleMLP, Params
-from pipeline.ntk import empirical_ntk
-from pipeline.spec import ModelConfig, validate_spec
-from pipeline.trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.datasets import DataBatch
+from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks
+from phasesweep.pipeline.init import init_params
+from phasesweep.pipeline.models import EnsembleMLP, Params
+from phasesweep.pipeline.ntk import empirical_ntk
+from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 F64 = torch.float64

@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from pipeline.datasets import data_seed, make_dataset
-from pipeline.grid import Chunk, expand, make_chunks
-from pipeline.init import init_params
-from pipeline.models import EnsembleMLP
-from pipeline.seeding import permutations
-from pipeline.spec import validate_spec
-from pipeline.trainer import configure_tf32, log_steps, train_chunk
+from phasesweep.pipeline.datasets import data_seed, make_dataset
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.init import init_params
+from phasesweep.pipeline.models import EnsembleMLP
+from phasesweep.pipeline.seeding import permutations
+from phasesweep.pipeline.spec import validate_spec
+from phasesweep.pipeline.trainer import configure_tf32, log_steps, train_chunk
 
 torch.set_num_threads(1)
 
