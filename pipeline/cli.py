@@ -118,54 +118,42 @@ def _fail(message: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import yaml
-    from phasesweep.pipeline.driver import flops_estimate, run_chunks, trial_slots
-    from phasesweep.pipeline.grid import expand, make_chunks, member_bytes
-    from phasesweep.pipeline.spec import load_spec
+    from phasesweep.pipeline.launch import execute, plan_sweep
 
-    spec, raw = load_spec(args.spec, args.overrides)
-    points = expand(spec)
-    if not points:
-        return _fail(f"grid of {args.spec} has no points")
-    store = _open_store(args.store)
-    done = store.done_run_ids(spec.name)
-    todo = [p for p in points if p.run_id not in done]
-    # at least one chunk per concurrent trial, so no core idles on a small grid
-    slots = trial_slots(None if args.dry_run else args.address, args.cpus_per_trial)
-    chunks = make_chunks(todo, spec, min_chunks=slots)
+    plan = plan_sweep(
+        args.spec,
+        _open_store(args.store),
+        overrides=args.overrides,
+        address=None if args.dry_run else args.address,
+        cpus_per_trial=args.cpus_per_trial,
+    )
+    name = plan.spec.name
     if args.dry_run:
-        peak = max((len(c.points) * member_bytes(c.points[0].config) for c in chunks), default=0)
-        flops = flops_estimate(todo)
         print(
-            f"sweep {spec.name}: {len(points)} points, {len(done & {p.run_id for p in points})} "
-            f"already stored, {len(todo)} to train in {len(chunks)} chunks"
+            f"sweep {name}: {len(plan.points)} points, {plan.skipped} already stored, "
+            f"{len(plan.todo)} to train in {len(plan.chunks)} chunks"
         )
-        for c in chunks[:20]:
+        for c in plan.chunks[:20]:
             cfg = c.points[0].config
             print(
                 f"  chunk {c.chunk_id}: {len(c.points)} members, depth {cfg.model.depth}, "
                 f"width {cfg.model.width}, n_train {cfg.data.n_train}, steps {cfg.train.steps}"
             )
-        if len(chunks) > 20:
-            print(f"  … {len(chunks) - 20} more chunks")
-        print(f"memory: about {peak / 2**20:.1f} MiB for the largest chunk")
+        if len(plan.chunks) > 20:
+            print(f"  … {len(plan.chunks) - 20} more chunks")
+        print(f"memory: about {plan.peak_bytes / 2**20:.1f} MiB for the largest chunk")
         print(
-            f"work: {flops / 1e12:.3g} TFLOP of training "
-            f"(about {flops / 5e9 / 60:.1f} core-minutes at 5 GFLOP/s per core)"
+            f"work: {plan.flops / 1e12:.3g} TFLOP of training "
+            f"(about {plan.flops / 5e9 / 60:.1f} core-minutes at 5 GFLOP/s per core)"
         )
         return EXIT_OK
-    store.write_spec(spec.name, yaml.safe_dump(raw, sort_keys=False))
     print(
-        f"sweep {spec.name}: {len(points)} points; skipping {len(points) - len(todo)} already "
-        f"stored; training {len(todo)} in {len(chunks)} chunks",
+        f"sweep {name}: {len(plan.points)} points; skipping {plan.skipped} already "
+        f"stored; training {len(plan.todo)} in {len(plan.chunks)} chunks",
         file=sys.stderr,
     )
-    outcome = run_chunks(
-        store,
-        spec.name,
-        chunks,
-        total=len(points),
-        skipped=len(points) - len(todo),
+    outcome = execute(
+        plan,
         address=args.address,
         cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial,
@@ -173,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(
-        f"sweep {spec.name}: trained {outcome.trained} ({outcome.diverged} diverged), "
+        f"sweep {name}: trained {outcome.trained} ({outcome.diverged} diverged), "
         f"skipped {outcome.skipped}, failed {len(outcome.failed)}",
         file=sys.stderr,
     )
@@ -183,39 +171,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from phasesweep.storage import run_query
+    from phasesweep.pipeline.launch import sweep_status
 
-    store = _open_store(args.store)
-    where = ""
-    if args.sweep is not None:
-        where = f"WHERE sweep = '{_sql_str(args.sweep)}'"
-    sql = (
-        f"SELECT sweep, status, count(*) AS runs FROM runs {where} "
-        "GROUP BY sweep, status ORDER BY sweep, status"
-    )
-    names, rows = run_query(store, sql)
-    if not rows:
+    status = sweep_status(_open_store(args.store), args.sweep)
+    if not status.counts:
         print("no runs stored" + (f" for sweep {args.sweep}" if args.sweep else ""))
         return EXIT_OK
-    _print_table(names, rows)
-    if args.sweep is not None:
-        total = _spec_points(store, args.sweep)
-        stored = sum(r[2] for r in rows if r[1] != "failed")
-        if total is not None:
-            print(f"{stored} of {total} points done, {total - stored} remaining")
+    _print_table(["sweep", "status", "runs"], status.counts)
+    if status.total is not None:
+        print(
+            f"{status.done} of {status.total} points done, {status.total - status.done} remaining"
+        )
     return EXIT_OK
-
-
-def _spec_points(store: object, sweep: str) -> int | None:
-    from phasesweep.pipeline.grid import expand
-    from phasesweep.pipeline.spec import parse_yaml, validate_spec
-
-    text = store.read_spec(sweep)
-    return None if text is None else len(expand(validate_spec(parse_yaml(text))))
-
-
-def _sql_str(text: str) -> str:
-    return text.replace("'", "''")
 
 
 def cmd_query(args: argparse.Namespace) -> int:
