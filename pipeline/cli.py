@@ -8,10 +8,16 @@ value, and nothing is written to the store.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import math
+import re
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
+
+from phasesweep.pipeline.spec import excerpt
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -25,6 +31,7 @@ class _Parser(argparse.ArgumentParser):
 def _store_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store",
+        type=_store_uri,
         default=None,
         help="store URI: a path, file://… or s3://bucket/prefix "
         "(default: $PHASESWEEP_STORE, else ./results)",
@@ -40,8 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(run)
     run.add_argument(
         "--address",
+        type=_address,
         default=None,
-        help="Ray address: auto or ray://host:port (default: an embedded local Ray)",
+        help="Ray address: auto, local, host:port or ray://host:port "
+        "(default: an embedded local Ray)",
     )
     run.add_argument(
         "--set",
@@ -87,18 +96,72 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bounded(kind: type, low: float, strict: bool) -> object:
-    """An argparse type: ``kind(text)``, which must be > low (strict) or >= low."""
+    """An argparse type: ``kind(text)``, finite and > low (strict) or >= low."""
+    wanted = f"{'an integer' if kind is int else 'a finite number'} {'>' if strict else '>='} {low}"
 
     def parse(text: str) -> object:
-        value = kind(text)
-        if value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(
-                f"must be {'>' if strict else '>='} {low}, got {text!r}"
-            )
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"{excerpt(text)} is not {wanted}")
         return value
 
     parse.__name__ = kind.__name__
     return parse
+
+
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _address(text: str) -> str:
+    """An argparse type for ``--address``: ``auto``, ``local``, ``HOST:PORT`` or
+    ``ray://HOST:PORT`` (HOST a host name, an IPv4 address or ``[IPv6]``). Syntax only:
+    whether a cluster answers there is checked when connecting."""
+    if text in ("auto", "local"):
+        return text
+    rest = text.removeprefix("ray://")
+    try:
+        parts = urllib.parse.urlsplit("//" + rest)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if host and parts.netloc.startswith("["):
+        host = host if _is_ip(host) else None
+    elif host and not (_is_ip(host) or _HOSTNAME.fullmatch(host)):
+        host = None
+    if not host or not port or "/" in rest or parts.username or parts.password:
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text)} is not auto, local, HOST:PORT or ray://HOST:PORT"
+        )
+    return text
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _store_uri(text: str) -> str:
+    """An argparse type for ``--store``: not empty (that would be the current folder),
+    and a local store is not a file nor below one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{excerpt(text)} is empty (give a path, file://PATH or s3://BUCKET/PREFIX)"
+        )
+    if "://" not in text or text.startswith("file://"):
+        path = Path(text.removeprefix("file://")).expanduser().absolute()
+        for folder in (path, *path.parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    what = "is a file" if folder == path else f"is below the file {folder}"
+                    raise argparse.ArgumentTypeError(f"{excerpt(text)} {what}, not a store folder")
+                break
+    return text
 
 
 def _open_store(uri: str | None) -> object:
@@ -130,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     name = plan.spec.name
     if args.dry_run:
         print(
-            f"sweep {name}: {len(plan.points)} points, {plan.skipped} already stored, "
+            f"sweep {name}: {plan.total} points, {plan.skipped} already stored, "
             f"{len(plan.todo)} to train in {len(plan.chunks)} chunks"
         )
         for c in plan.chunks[:20]:
@@ -148,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     print(
-        f"sweep {name}: {len(plan.points)} points; skipping {plan.skipped} already "
+        f"sweep {name}: {plan.total} points; skipping {plan.skipped} already "
         f"stored; training {len(plan.todo)} in {len(plan.chunks)} chunks",
         file=sys.stderr,
     )

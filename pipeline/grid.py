@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from phasesweep.pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec
+from phasesweep.pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec, did_you_mean
 from pydantic import BaseModel, ValidationError
 
 #: Fields that may differ between members of one chunk (one vectorized ensemble).
@@ -64,36 +65,53 @@ def axis_path(axis: str) -> str:
         raise SpecError(
             f"grid.{axis}",
             axis,
-            f"unknown axis: use a short name ({', '.join(SHORT_NAMES)}) or a dotted path "
+            "unknown axis"
+            + did_you_mean(axis, [*SHORT_NAMES, *_FIELD_PATHS])
+            + f": use a short name ({', '.join(SHORT_NAMES)}) or a dotted path "
             f"into {', '.join(sorted(_RUN_SECTIONS))}",
         )
     return path
 
 
-def axis_values(axis: str, spec_value: Any) -> list[Any]:
-    """Values of one axis: a non-empty list, ``{logspace: [a, b, n]}`` (10**a .. 10**b),
-    ``{linspace: [a, b, n]}`` or ``{range: [start, stop]}`` / ``[start, stop, step]``."""
+def _field_paths(model: type[BaseModel], prefix: str) -> list[str]:
+    """Dotted paths of every field below ``model`` (nested sections included)."""
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append(prefix + name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            paths += _field_paths(field.annotation, f"{prefix}{name}.")
+    return paths
+
+
+_FIELD_PATHS = _field_paths(RunConfig, "")
+
+_AXIS_FORMS = (
+    "expected a list of values, {logspace: [a, b, n]}, {linspace: [a, b, n]} "
+    "or {range: [start, stop]}"
+)
+
+
+def axis_size(axis: str, spec_value: Any) -> int:
+    """Number of values of one axis, from its spec alone (nothing is materialized).
+
+    The forms are those of :func:`axis_values`; a malformed or empty axis, or a
+    range with step 0, is a :class:`SpecError` naming ``grid.AXIS``.
+    """
     key = f"grid.{axis}"
     if isinstance(spec_value, list):
-        if not spec_value:
-            raise SpecError(key, spec_value, "empty grid axis")
-        return list(spec_value)
-    if isinstance(spec_value, dict) and len(spec_value) == 1:
+        n = len(spec_value)
+    elif isinstance(spec_value, dict) and len(spec_value) == 1:
         ((kind, args),) = spec_value.items()
         if kind in ("logspace", "linspace"):
-            ok = (
+            if not (
                 isinstance(args, list)
                 and len(args) == 3
                 and all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
                 and isinstance(args[2], int)
-            )
-            if not ok:
+            ):
                 raise SpecError(key, spec_value, f"{kind} takes [start, stop, count]")
-            if args[2] < 1:
-                raise SpecError(key, spec_value, "empty grid axis")
-            fn = np.logspace if kind == "logspace" else np.linspace
-            return [float(v) for v in fn(args[0], args[1], args[2])]
-        if kind == "range":
+            n = args[2]
+        elif kind == "range":
             if not (
                 isinstance(args, list)
                 and 2 <= len(args) <= 3
@@ -102,16 +120,39 @@ def axis_values(axis: str, spec_value: Any) -> list[Any]:
                 raise SpecError(
                     key, spec_value, "range takes [start, stop] or [start, stop, step] (ints)"
                 )
-            values = list(range(*args))
-            if not values:
-                raise SpecError(key, spec_value, "empty grid axis")
-            return values
-    raise SpecError(
-        key,
-        spec_value,
-        "expected a list of values, {logspace: [a, b, n]}, {linspace: [a, b, n]} "
-        "or {range: [start, stop]}",
-    )
+            start, stop, step = (*args, 1)[:3]
+            if step == 0:
+                raise SpecError(key, spec_value, "range step must not be 0")
+            n = max(0, -((start - stop) // step))  # len(range(...)), also beyond sys.maxsize
+        else:
+            raise SpecError(key, spec_value, _AXIS_FORMS)
+    else:
+        raise SpecError(key, spec_value, _AXIS_FORMS)
+    if n < 1:
+        raise SpecError(key, spec_value, "empty grid axis")
+    return n
+
+
+def axis_values(axis: str, spec_value: Any) -> Sequence[Any]:
+    """Values of one axis: a non-empty list, ``{logspace: [a, b, n]}`` (10**a .. 10**b),
+    ``{linspace: [a, b, n]}`` or ``{range: [start, stop]}`` / ``[start, stop, step]``.
+
+    A range stays a ``range`` (no list of its values is built); the spaced forms must
+    stay finite (``{logspace: [0, 400, 3]}`` overflows to inf and is an error).
+    """
+    axis_size(axis, spec_value)  # checks the form
+    if isinstance(spec_value, list):
+        return list(spec_value)
+    ((kind, args),) = spec_value.items()
+    if kind == "range":
+        return range(*args)
+    fn = np.logspace if kind == "logspace" else np.linspace
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = fn(args[0], args[1], args[2])
+    if not np.isfinite(values).all():
+        bad = values[~np.isfinite(values)][0]
+        raise SpecError(f"grid.{axis}", spec_value, f"{kind} reaches {bad}, not a finite number")
+    return values.tolist()
 
 
 def _set_path(cfg: dict[str, Any], path: str, value: Any) -> None:
@@ -139,38 +180,84 @@ def _run_id(sweep: str, section_jsons: Sequence[str]) -> str:
 
 _SECTIONS: tuple[str, ...] = tuple(RunConfig.model_fields)
 
+#: Sections with at most this many combinations of their axes are validated up front,
+#: each combination once; larger ones as the iteration reaches them (memory bounded).
+EAGER_COMBINATIONS = 4096
 
-def _section_options(
-    spec: SweepSpec, section: str, axes: list[tuple[str, str, list[Any]]]
-) -> dict[tuple[int, ...], tuple[BaseModel, str]]:
-    """Every combination of one section's axes, validated once: value indices → (model, JSON).
 
-    Cross-field rules only relate fields of one section, so validating each
-    section's combinations covers every point at a fraction of the cost.
+@dataclass(frozen=True)
+class _Axis:
+    name: str
+    path: str  # dotted path into RunConfig
+    values: Sequence[Any]
+
+
+class _SectionOptions:
+    """The validated configs of one RunConfig section over the combinations of its axes.
+
+    ``get(idx)`` (idx: one value index per axis of the section) returns the section
+    model, its JSON and whether idx is the first combination, in grid order, that
+    gives this JSON (a later one repeats a point: an axis listing a value twice).
+    Cross-field rules only relate fields of one section, so validating each section's
+    combinations covers every point at a fraction of the cost.
+
+    Small sections (:data:`EAGER_COMBINATIONS`) are validated up front, so their errors
+    come before any point. Larger ones are validated when the iteration reaches a
+    combination and only the last one is kept; what stays is one 16-byte digest per
+    distinct JSON to recognise repeats. Why that is exact: the first time the grid's
+    iteration (last axis fastest) reaches each combination of one section is in that
+    section's own lexicographic order, so the first combination seen with a JSON is
+    also the first in grid order.
     """
-    base = getattr(spec, section)
-    cls = type(base)
-    options: dict[tuple[int, ...], tuple[BaseModel, str]] = {}
-    for idx in itertools.product(*(range(len(values)) for _, _, values in axes)):
-        raw = base.model_dump()
-        for (_, path, values), i in zip(axes, idx):
-            _set_path(raw, path.split(".", 1)[1], values[i])
+
+    def __init__(self, spec: SweepSpec, section: str, axes: list[_Axis]) -> None:
+        self.base: BaseModel = getattr(spec, section)
+        self.axes = axes
+        self.sizes = [len(a.values) for a in axes]
+        self.count = math.prod(self.sizes)
+        self.eager = self.count <= EAGER_COMBINATIONS
+        self._first: dict[bytes, int] = {}  # JSON digest -> flat index of its first combination
+        self._known: dict[tuple[int, ...], tuple[BaseModel, str, bool]] = {}
+        if self.eager:
+            for idx in itertools.product(*map(range, self.sizes)):
+                self._known[idx] = self._validate(idx)
+
+    @property
+    def distinct(self) -> int:
+        """Distinct configs of this section (large sections: assumed all distinct)."""
+        return sum(first for _, _, first in self._known.values()) if self.eager else self.count
+
+    def get(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
+        found = self._known.get(idx)
+        if found is None:
+            found = self._validate(idx)
+            self._known = {idx: found}  # lazy: only the last combination
+        return found
+
+    def _validate(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
+        raw = self.base.model_dump()
+        for a, i in zip(self.axes, idx):
+            _set_path(raw, a.path.split(".", 1)[1], a.values[i])
         try:
-            model = cls.model_validate(raw)
+            model = type(self.base).model_validate(raw)
         except ValidationError as e:
             bad = [
-                (a, values[i])
-                for (a, path, values), i in zip(axes, idx)
-                if not _valid_alone(base, path, values[i])
+                (a.name, a.values[i])
+                for a, i in zip(self.axes, idx)
+                if not _valid_alone(self.base, a.path, a.values[i])
             ]
             if bad:
                 raise SpecError(f"grid.{bad[0][0]}", bad[0][1], str(e.errors()[0]["msg"])) from None
-            combo = {a: values[i] for (a, _, values), i in zip(axes, idx)}
+            combo = {a.name: a.values[i] for a, i in zip(self.axes, idx)}
             raise SpecError(
                 "grid", combo, f"this combination is invalid: {e.errors()[0]['msg']}"
             ) from None
-        options[idx] = (model, _section_json(model))
-    return options
+        text = _section_json(model)
+        flat = 0
+        for i, size in zip(idx, self.sizes):
+            flat = flat * size + i
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        return model, text, self._first.setdefault(digest, flat) == flat
 
 
 def _valid_alone(base: BaseModel, path: str, value: Any) -> bool:
@@ -183,32 +270,91 @@ def _valid_alone(base: BaseModel, path: str, value: Any) -> bool:
     return True
 
 
+def _grid(spec: SweepSpec, bounded: bool) -> tuple[list[_Axis], dict[str, list[int]]]:
+    """The axes (values materialized, ranges lazy) and each section's axis positions.
+
+    ``bounded``: first check that the product of the axis sizes is at most
+    ``execution.max_points``, before any value is computed.
+    """
+    paths = [axis_path(axis) for axis in spec.grid]
+    if bounded:
+        total = math.prod(axis_size(axis, v) for axis, v in spec.grid.items())
+        limit = spec.execution.max_points
+        if total > limit:
+            raise SpecError(
+                "grid",
+                spec.grid,
+                f"{total} points exceed execution.max_points = {limit} "
+                "(raise it for a larger grid)",
+            )
+    axes = [
+        _Axis(axis, path, axis_values(axis, v)) for (axis, v), path in zip(spec.grid.items(), paths)
+    ]
+    by_section = {
+        s: [i for i, a in enumerate(axes) if a.path.split(".")[0] == s] for s in _SECTIONS
+    }
+    return axes, by_section
+
+
+def grid_size(spec: SweepSpec) -> int:
+    """Number of points of the grid, without expanding it (memory and time bounded).
+
+    The product over sections of their distinct configs: exact (repeats removed as
+    :func:`iter_points` does) for sections of at most :data:`EAGER_COMBINATIONS`
+    combinations, the product of their axis sizes for larger ones. Not bounded by
+    ``execution.max_points``: it also sizes stored grids.
+    """
+    total = 1
+    for section in _SECTIONS:
+        names = [a for a in spec.grid if axis_path(a).split(".")[0] == section]
+        count = math.prod(axis_size(a, spec.grid[a]) for a in names)
+        if count <= EAGER_COMBINATIONS:
+            axes = [_Axis(a, axis_path(a), axis_values(a, spec.grid[a])) for a in names]
+            count = _SectionOptions(spec, section, axes).distinct
+        total *= count
+    return total
+
+
+def iter_points(spec: SweepSpec, skip: Container[str] = frozenset()) -> Iterator[Point]:
+    """The grid points of ``spec`` one at a time, in grid order (last axis fastest).
+
+    Raises :class:`SpecError` naming the offending axis and value: the grid's size
+    (over ``execution.max_points``), the axes' forms and the small sections' values
+    at once; a bad value of a large section when the iteration reaches it. Points that
+    resolve to the same config (an axis listing a value twice) appear once; points
+    whose run_id is in ``skip`` are left out before their config is built. Memory:
+    the axes, the small sections' configs and a digest per config of the large ones;
+    no point is kept.
+    """
+    axes, by_section = _grid(spec, bounded=True)
+    options = {s: _SectionOptions(spec, s, [axes[i] for i in by_section[s]]) for s in _SECTIONS}
+    sections = [(s, options[s], by_section[s]) for s in _SECTIONS]
+
+    def points() -> Iterator[Point]:
+        for combo in itertools.product(*(range(len(a.values)) for a in axes)):
+            chosen = [opt.get(tuple(combo[i] for i in pos)) for _, opt, pos in sections]
+            if not all(first for _, _, first in chosen):
+                continue
+            run_id = _run_id(spec.name, [text for _, text, _ in chosen])
+            if run_id in skip:
+                continue
+            config = RunConfig.model_construct(
+                **{s: m for (s, _, _), (m, _, _) in zip(sections, chosen)}
+            )
+            coords = {a.name: a.values[c] for a, c in zip(axes, combo)}
+            yield Point(run_id, config, coords)
+
+    return points()
+
+
 def expand(spec: SweepSpec) -> list[Point]:
     """All grid points of ``spec`` in grid order (last axis fastest), validated.
 
     Raises :class:`SpecError` naming the offending axis and value. Points that
-    resolve to the same config (an axis listing a value twice) appear once.
+    resolve to the same config (an axis listing a value twice) appear once. A list
+    of :func:`iter_points`; large grids are better streamed from there.
     """
-    axes = [(axis, axis_path(axis), axis_values(axis, v)) for axis, v in spec.grid.items()]
-    by_section = {
-        s: [i for i, (_, path, _) in enumerate(axes) if path.split(".")[0] == s] for s in _SECTIONS
-    }
-    options = {
-        s: _section_options(spec, s, [axes[i] for i in idx]) for s, idx in by_section.items()
-    }
-    names = [a for a, _, _ in axes]
-    points: list[Point] = []
-    seen: set[str] = set()
-    for combo in itertools.product(*(range(len(values)) for _, _, values in axes)):
-        chosen = [options[s][tuple(combo[i] for i in by_section[s])] for s in _SECTIONS]
-        run_id = _run_id(spec.name, [j for _, j in chosen])
-        if run_id in seen:
-            continue
-        seen.add(run_id)
-        config = RunConfig.model_construct(**{s: m for s, (m, _) in zip(_SECTIONS, chosen)})
-        coords = {name: axes[i][2][c] for i, (name, c) in enumerate(zip(names, combo))}
-        points.append(Point(run_id, config, coords))
-    return points
+    return list(iter_points(spec))
 
 
 def _section_key(section: BaseModel, name: str) -> str:

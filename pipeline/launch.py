@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 from phasesweep.pipeline.driver import SweepOutcome, flops_estimate, run_chunks, trial_slots
-from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks, member_bytes
+from phasesweep.pipeline.grid import Chunk, Point, grid_size, iter_points, make_chunks, member_bytes
 from phasesweep.pipeline.spec import (
     SpecError,
     SweepSpec,
@@ -61,19 +61,21 @@ def stored_spec(store: Store | str | None, sweep: str) -> SweepSpec | None:
 
 @dataclass
 class Plan:
-    """What a launch would do: the grid, what the store already holds, the chunks to train."""
+    """What a launch would do: the grid's size, what the store already holds, the chunks
+    to train. Only the points still to train are kept (a grid the store mostly holds
+    costs memory for what is left, not for the whole grid)."""
 
     spec: SweepSpec
     raw: dict
     store: Store
-    points: list[Point]
+    total: int  # points of the grid (see grid.grid_size)
     todo: list[Point]
     chunks: list[Chunk]
 
     @property
     def skipped(self) -> int:
         """Points of the grid the store already holds."""
-        return len(self.points) - len(self.todo)
+        return self.total - len(self.todo)
 
     @property
     def peak_bytes(self) -> int:
@@ -100,17 +102,16 @@ def plan_sweep(
 
     ``address`` is only used to count the cluster's CPUs (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
-    Writes nothing.
+    Writes nothing. The grid is streamed: its size is checked against
+    ``execution.max_points`` before it is expanded, and stored points are dropped
+    before their configs are built.
     """
     spec, raw = resolve_spec(source, overrides)
-    points = expand(spec)
-    if not points:
-        raise SpecError("grid", raw.get("grid"), "the grid has no points")
     store = as_store(store)
-    done = store.done_run_ids(spec.name)
-    todo = [p for p in points if p.run_id not in done]
+    points = iter_points(spec, skip=store.done_run_ids(spec.name))
+    todo = list(points)
     chunks = make_chunks(todo, spec, min_chunks=trial_slots(address, cpus_per_trial))
-    return Plan(spec, raw, store, points, todo, chunks)
+    return Plan(spec, raw, store, grid_size(spec), todo, chunks)
 
 
 def run_sweep(
@@ -159,7 +160,7 @@ def execute(
         plan.store,
         plan.spec.name,
         plan.chunks,
-        total=len(plan.points),
+        total=plan.total,
         skipped=plan.skipped,
         address=address,
         cpus_per_trial=cpus_per_trial,
@@ -183,7 +184,12 @@ class Status:
 
 
 def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> Status:
-    """Counts of stored runs by sweep and status; with ``sweep``, also its grid size."""
+    """Counts of stored runs by sweep and status; with ``sweep``, also its grid size.
+
+    The counts come from the store (one grouped query), the grid size from the stored
+    spec's axis sizes (:func:`~phasesweep.pipeline.grid.grid_size`): nothing is
+    expanded, so a stored grid of any size answers in bounded memory and time.
+    """
     from phasesweep.storage import run_query
 
     store = as_store(store)
@@ -196,5 +202,5 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
     total = None
     if sweep is not None:
         spec = stored_spec(store, sweep)
-        total = None if spec is None else len(expand(spec))
+        total = None if spec is None else grid_size(spec)
     return Status([tuple(r) for r in rows], total)

@@ -1,14 +1,20 @@
 """The sweep spec: a validated base config plus a ``grid`` of axes.
 
 A spec is YAML (see DESIGN.md). It is validated with pydantic in strict mode:
-unknown keys, wrong types and out-of-range values are errors that name the
-dotted key and the offending value (:class:`SpecError`). Nothing here touches
-the store; the CLI validates the whole spec before anything is written.
+unknown keys (with the closest known key suggested), wrong types, out-of-range
+values and floats that are not finite (``inf``, ``nan``) are errors that name the
+dotted key and a bounded excerpt of the offending value (:class:`SpecError`).
+The YAML reader refuses documents nested too deeply or whose aliases expand to
+too many nodes, before building them. Nothing here touches the store; the CLI
+validates the whole spec before anything is written.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import reprlib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,7 +32,8 @@ from pydantic import (
     model_validator,
 )
 
-SWEEP_NAME = re.compile(r"^[a-z0-9_-]+$")
+#: Sweep names; use ``fullmatch`` (``$`` would accept a trailing newline).
+SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 
 Activation = Literal["linear", "relu", "leaky_relu", "tanh"]
 Parameterization = Literal["standard", "ntk", "mean_field"]
@@ -48,16 +55,46 @@ DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 PAPER_POINTS = {"orthogonal": 2, "xor": 4, "perturbed_symmetric": 6}
 
 
+#: Longest excerpt of an offending value in an error message (characters).
+EXCERPT_CHARS = 80
+
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel, _EXCERPT.maxstring, _EXCERPT.maxother = 3, EXCERPT_CHARS, EXCERPT_CHARS
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters, without building the full repr.
+
+    Bounded in time and memory for any value (deep, cyclic or alias-shared structures
+    included): ``reprlib`` stops at a few levels and a few items per level.
+    """
+    return _one_line(_EXCERPT.repr(value), limit)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(text[: 4 * limit].split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class SpecError(ValueError):
-    """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given."""
+    """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given.
+
+    The message is one line: the key, an excerpt of the value of at most
+    :data:`EXCERPT_CHARS` characters, and the reason.
+    """
 
     def __init__(self, key: str, value: Any, reason: str, what: str = "spec") -> None:
         self.key, self.value, self.reason = key, value, reason
-        super().__init__(f"invalid {what}: {key} = {value!r}: {reason}")
+        super().__init__(
+            f"invalid {what}: {_one_line(str(key), 2 * EXCERPT_CHARS)} = {excerpt(value)}: "
+            f"{_one_line(str(reason), 4 * EXCERPT_CHARS)}"
+        )
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # allow_inf_nan: every float of a spec is meant to be finite (an inf lr or init
+    # scale would only make every trial fail after the spec was stored).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -341,6 +378,9 @@ class PlotSpec(_Section):
 class ExecutionConfig(_Section):
     #: most members in one chunk (one Ray trial); the memory budget may make it smaller.
     max_chunk_size: PositiveInt = 1024
+    #: most grid points (the product of the axis sizes, checked before the grid is
+    #: expanded): a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once.
+    max_points: PositiveInt = 10**7
     #: memory a chunk may use for parameters, gradients and activations, MiB.
     memory_budget_mb: PositiveInt = 1024
 
@@ -384,7 +424,7 @@ class SweepSpec(_Section):
     @field_validator("name")
     @classmethod
     def _name_is_partition_key(cls, v: str) -> str:
-        if not SWEEP_NAME.match(v):
+        if not SWEEP_NAME.fullmatch(v):
             raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
         return v
 
@@ -422,12 +462,89 @@ def raise_from_validation(err: ValidationError, raw: Any, prefix: str = "") -> N
     value = _lookup(raw, loc) if first["type"] != "extra_forbidden" else first.get("input")
     reason = first["msg"]
     if first["type"] == "extra_forbidden":
-        reason = "unknown key"
+        reason = "unknown key" + did_you_mean(
+            str(loc[-1]), _fields_at(SweepSpec, loc[:-1]), prefix + _dotted(loc[:-1])
+        )
     raise SpecError(key, value, reason) from None
 
 
+def did_you_mean(name: str, known: typing.Iterable[str] | None, prefix: str = "") -> str:
+    """`` (did you mean PREFIX.MATCH?)`` for the known name closest to ``name``, else ``""``."""
+    match = difflib.get_close_matches(name, list(known or ()), n=1)
+    return f" (did you mean {prefix + '.' if prefix else ''}{match[0]}?)" if match else ""
+
+
+def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
+    """Field names of the section at ``loc`` below ``model`` (list indices skipped)."""
+    for part in loc:
+        if model is None:
+            return None
+        if not isinstance(part, int):
+            field = model.model_fields.get(part)
+            model = None if field is None else _model_in(field.annotation)
+    return None if model is None else list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model in a field's annotation (``X``, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if found := _model_in(arg):
+            return found
+    return None
+
+
+#: Most nesting levels of a spec's YAML (specs use a handful).
+MAX_YAML_DEPTH = 64
+#: Most nodes of a spec's YAML with every alias expanded (a "billion laughs" document
+#: holds few nodes but expands to billions: validating or printing it never ends).
+MAX_YAML_NODES = 10**6
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string; in a spec it is a float."""
+    """A safe loader with two changes.
+
+    YAML 1.1 reads ``1e-3`` (no dot) as a string; in a spec it is a float. And while
+    composing, it counts every node's size with its aliases expanded (a node shared
+    through an alias counts each time it is used) and its depth, and stops at
+    :data:`MAX_YAML_NODES` or :data:`MAX_YAML_DEPTH` before anything is expanded:
+    the composed graph shares aliased nodes, so it stays as small as the text.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> node count with aliases expanded
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        is_alias = self.check_event(yaml.AliasEvent)
+        mark = self.peek_event().start_mark
+        if self._depth >= MAX_YAML_DEPTH:
+            raise _YamlLimit(f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        size = self._sizes.get(id(node))
+        if size is None:
+            if is_alias:  # the anchor's node is still being composed: it contains itself
+                raise _YamlLimit("an alias refers to a node that contains it", mark)
+            children = node.value if isinstance(node, yaml.SequenceNode) else ()
+            if isinstance(node, yaml.MappingNode):
+                children = [n for pair in node.value for n in pair]
+            size = self._sizes[id(node)] = 1 + sum(self._sizes[id(c)] for c in children)
+        if size > MAX_YAML_NODES:
+            raise _YamlLimit(f"its aliases expand it to more than {MAX_YAML_NODES} nodes", mark)
+        return node
+
+
+class _YamlLimit(yaml.composer.ComposerError):
+    """A document over :data:`MAX_YAML_DEPTH` or :data:`MAX_YAML_NODES`."""
+
+    def __init__(self, problem: str, mark: yaml.Mark) -> None:
+        super().__init__(None, None, problem, mark)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -438,8 +555,27 @@ _YamlLoader.add_implicit_resolver(
 
 
 def parse_yaml(text: str) -> Any:
-    """Parse spec YAML (safe; exponent floats without a dot included)."""
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    """Parse spec YAML (safe; exponent floats without a dot included).
+
+    Raises ``yaml.YAMLError`` for malformed YAML and for documents over the limits
+    of :class:`_YamlLoader`; :func:`yaml_problem` words it in one line.
+    """
+    try:
+        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # a limit below MAX_YAML_DEPTH (deep Python stack already)
+        raise yaml.YAMLError(f"nested too deeply (over {MAX_YAML_DEPTH} levels?)") from None
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """One line saying what is wrong with a YAML document and where."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        text = f"{err.problem}{where}"
+    else:
+        text = str(err)
+    kind = "YAML refused" if isinstance(err, _YamlLimit) else "malformed YAML"
+    return f"{kind}: {' '.join(text.split())}"
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -450,7 +586,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         parsed = parse_yaml(value) if value.strip() else None
     except yaml.YAMLError as e:
-        raise SpecError(key.strip(), value, f"value is not valid YAML: {e}") from None
+        raise SpecError(key.strip(), value, f"value is not valid YAML: {yaml_problem(e)}") from None
     return key.strip(), parsed
 
 
@@ -476,17 +612,32 @@ def apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+#: Largest spec file read (bytes); larger ones (or endless ones, /dev/zero) are refused.
+MAX_SPEC_BYTES = 16 * 2**20
+
+
 def load_raw(path: str | Path) -> dict[str, Any]:
-    """Read a spec file as a plain dict (no validation)."""
-    p = Path(path)
+    """Read a spec file (UTF-8 YAML, at most :data:`MAX_SPEC_BYTES`) as a plain dict.
+
+    No validation beyond the YAML itself and a mapping at the top level.
+    """
     try:
-        text = p.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
         raise SpecError("SPEC", str(path), f"cannot read: {e.strerror}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError("SPEC", str(path), f"larger than {MAX_SPEC_BYTES} bytes: not a spec")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            "SPEC", str(path), f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        ) from None
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as e:
-        raise SpecError("SPEC", str(path), f"malformed YAML: {e}") from None
+        raise SpecError("SPEC", str(path), yaml_problem(e)) from None
     if not isinstance(raw, dict):
         raise SpecError("SPEC", str(path), "top level must be a mapping of keys")
     return raw
