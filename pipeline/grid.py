@@ -12,6 +12,7 @@ fields of :data:`MEMBER_FIELDS`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from phasesweep.pipeline.spec import SHORT_NAMES, RunConfig, SpecError, SweepSpec, did_you_mean
+from phasesweep.pipeline.spec import (
+    SHORT_NAMES,
+    RunConfig,
+    SpecError,
+    SweepSpec,
+    did_you_mean,
+    excerpt,
+)
 from pydantic import BaseModel, ValidationError
 
 #: Fields that may differ between members of one chunk (one vectorized ensemble).
@@ -60,8 +68,7 @@ class Chunk:
 def axis_path(axis: str) -> str:
     """The dotted path of a grid axis (short names resolved)."""
     path = SHORT_NAMES.get(axis, axis)
-    section = path.split(".", 1)[0]
-    if "." not in path or section not in _RUN_SECTIONS:
+    if path not in _FIELD_PATHS:
         raise SpecError(
             f"grid.{axis}",
             axis,
@@ -73,17 +80,19 @@ def axis_path(axis: str) -> str:
     return path
 
 
-def _field_paths(model: type[BaseModel], prefix: str) -> list[str]:
-    """Dotted paths of every field below ``model`` (nested sections included)."""
+def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of the fields below ``model``'s sections (nested sections and their
+    fields included): what a grid axis may name."""
     paths = []
     for name, field in model.model_fields.items():
-        paths.append(prefix + name)
+        if prefix:
+            paths.append(prefix + name)
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             paths += _field_paths(field.annotation, f"{prefix}{name}.")
     return paths
 
 
-_FIELD_PATHS = _field_paths(RunConfig, "")
+_FIELD_PATHS = _field_paths(RunConfig)
 
 _AXIS_FORMS = (
     "expected a list of values, {logspace: [a, b, n]}, {linspace: [a, b, n]} "
@@ -203,11 +212,14 @@ class _SectionOptions:
 
     Small sections (:data:`EAGER_COMBINATIONS`) are validated up front, so their errors
     come before any point. Larger ones are validated when the iteration reaches a
-    combination and only the last one is kept; what stays is one 16-byte digest per
-    distinct JSON to recognise repeats. Why that is exact: the first time the grid's
-    iteration (last axis fastest) reaches each combination of one section is in that
-    section's own lexicographic order, so the first combination seen with a JSON is
-    also the first in grid order.
+    combination and only the last one is kept. Repeats are recognised by a 16-byte
+    digest per distinct JSON; that is exact because the grid's iteration (last axis
+    fastest) first reaches the combinations of one section in that section's own
+    lexicographic order, so the first combination seen with a JSON is also the first
+    in grid order. A large section needs no digests when its axes set distinct fields
+    to strictly monotone values (ranges, spaces, sorted lists) that validate unchanged:
+    then every combination is a different config (a value changed by validation is
+    an error there).
     """
 
     def __init__(self, spec: SweepSpec, section: str, axes: list[_Axis]) -> None:
@@ -216,6 +228,7 @@ class _SectionOptions:
         self.sizes = [len(a.values) for a in axes]
         self.count = math.prod(self.sizes)
         self.eager = self.count <= EAGER_COMBINATIONS
+        self.track = self.eager or not _distinct_combinations(axes)
         self._first: dict[bytes, int] = {}  # JSON digest -> flat index of its first combination
         self._known: dict[tuple[int, ...], tuple[BaseModel, str, bool]] = {}
         if self.eager:
@@ -224,14 +237,14 @@ class _SectionOptions:
 
     @property
     def distinct(self) -> int:
-        """Distinct configs of this section (large sections: assumed all distinct)."""
+        """Distinct configs of this section (exact unless large with repeats possible)."""
         return sum(first for _, _, first in self._known.values()) if self.eager else self.count
 
     def get(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
         found = self._known.get(idx)
         if found is None:
             found = self._validate(idx)
-            self._known = {idx: found}  # lazy: only the last combination
+            self._known = {idx: found}  # large sections: only the last combination
         return found
 
     def _validate(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
@@ -253,11 +266,41 @@ class _SectionOptions:
                 "grid", combo, f"this combination is invalid: {e.errors()[0]['msg']}"
             ) from None
         text = _section_json(model)
+        if not self.track:
+            for a, i in zip(self.axes, idx):
+                got = functools.reduce(getattr, a.path.split(".")[1:], model)
+                if got != a.values[i]:
+                    raise SpecError(
+                        f"grid.{a.name}",
+                        a.values[i],
+                        f"becomes {excerpt(got)} when validated; a grid section over "
+                        f"{EAGER_COMBINATIONS} combinations takes values as they validate",
+                    )
+            return model, text, True
         flat = 0
         for i, size in zip(idx, self.sizes):
             flat = flat * size + i
         digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
         return model, text, self._first.setdefault(digest, flat) == flat
+
+
+def _distinct_combinations(axes: list[_Axis]) -> bool:
+    """Whether the axes set distinct fields (none inside another) to strictly monotone
+    values, so that different combinations are different configs if validation
+    leaves the values unchanged. O(1) memory."""
+    paths = sorted(a.path + "." for a in axes)
+    if any(b.startswith(a) for a, b in itertools.pairwise(paths)):
+        return False
+    for a in axes:
+        if isinstance(a.values, range):
+            continue
+        try:
+            up = all(x < y for x, y in itertools.pairwise(a.values))
+            if not (up or all(x > y for x, y in itertools.pairwise(a.values))):
+                return False
+        except TypeError:  # values that do not compare (mixed types, lists of lists)
+            return False
+    return True
 
 
 def _valid_alone(base: BaseModel, path: str, value: Any) -> bool:

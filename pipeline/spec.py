@@ -621,13 +621,17 @@ def load_raw(path: str | Path) -> dict[str, Any]:
 
     No validation beyond the YAML itself and a mapping at the top level.
     """
+    parts, size = [], 0
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
+            while size <= MAX_SPEC_BYTES and (part := f.read(2**16)):  # no 16 MiB buffer
+                parts.append(part)
+                size += len(part)
     except OSError as e:
         raise SpecError("SPEC", str(path), f"cannot read: {e.strerror}") from None
-    if len(data) > MAX_SPEC_BYTES:
+    if size > MAX_SPEC_BYTES:
         raise SpecError("SPEC", str(path), f"larger than {MAX_SPEC_BYTES} bytes: not a spec")
+    data = b"".join(parts)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+import tracemalloc
+
 import numpy as np
 import pytest
-from phasesweep.pipeline.grid import expand, make_chunks, run_id_of
+from phasesweep.pipeline.grid import (
+    axis_size,
+    expand,
+    grid_size,
+    iter_points,
+    make_chunks,
+    run_id_of,
+)
 from phasesweep.pipeline.spec import SpecError, validate_spec
 
 
@@ -81,3 +91,176 @@ def test_chunks_group_equal_shapes_and_respect_the_size_limit():
         assert len(c.points) <= 4
         assert len({p.config.model.width for p in c.points}) == 1
     assert len({c.chunk_id for c in chunks}) == len(chunks)
+
+
+def _naive_expand(spec):
+    """Reference: every combination validated as a whole RunConfig, repeats dropped by run_id."""
+    from phasesweep.pipeline.grid import axis_path, axis_values
+    from phasesweep.pipeline.spec import RunConfig
+
+    axes = [(a, axis_path(a), list(axis_values(a, v))) for a, v in spec.grid.items()]
+    out, seen = [], set()
+    for combo in itertools.product(*(values for _, _, values in axes)):
+        raw = spec.base().model_dump()
+        for (_, path, _), value in zip(axes, combo):
+            *parents, last = path.split(".")
+            node = raw
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        config = RunConfig.model_validate(raw)
+        run_id = run_id_of(spec.name, config)
+        if run_id not in seen:
+            seen.add(run_id)
+            out.append((run_id, dict(zip((a for a, _, _ in axes), combo)), config))
+    return out
+
+
+#: Axes of several sections, interleaved, with repeated values (1 and 1.0 are one init
+#: scale), two axes on one field, and a cross-field rule (antisymmetric needs even widths).
+MIXED_GRIDS = [
+    {"seed": [1, 0, 1, 2], "width": [8, 8, 16], "lr": [0.1, 0.2], "init_scale": [1, 1.0, 2]},
+    {"width": [8, 16], "model.width": [16, 8], "train.seed": [0, 0, 3]},
+    {"init_scale": {"logspace": [-1, 1, 3]}, "seed": {"range": [4, 0, -2]}, "depth": [3, 2]},
+    {"model.init": ["gaussian", "antisymmetric"], "width": [4, 8], "seed": [0, 1]},
+]
+
+
+@pytest.mark.parametrize("eager", [True, False])
+@pytest.mark.parametrize("grid", MIXED_GRIDS)
+def test_streamed_expansion_matches_a_naive_loop(monkeypatch, grid, eager):
+    """Same points, order, coords and configs as validating every combination whole;
+    also when every section is validated lazily (as large sections are)."""
+    import phasesweep.pipeline.grid as grid_mod
+
+    spec = _spec(grid)
+    if not eager:
+        monkeypatch.setattr(grid_mod, "EAGER_COMBINATIONS", 0)
+    got = [(p.run_id, p.coords, p.config) for p in iter_points(spec)]
+    assert got == _naive_expand(spec)
+    assert [p.run_id for p in expand(spec)] == [r for r, _, _ in got]
+    if eager:  # small sections: repeats counted exactly
+        assert grid_size(spec) == len(got)
+    skip = {r for r, _, _ in got[::2]}
+    assert [p.run_id for p in iter_points(spec, skip=skip)] == [r for r, _, _ in got[1::2]]
+
+
+def test_range_sizes_match_python_ranges_and_step_zero_is_refused():
+    rng = np.random.default_rng(0)
+    for start, stop, step in rng.integers(-20, 20, (300, 3)):
+        if step == 0:
+            continue
+        args = [int(start), int(stop), int(step)]
+        if len(range(*args)):
+            assert axis_size("seed", {"range": args}) == len(range(*args))
+    assert axis_size("seed", {"range": [0, 10**30, 3]}) == -(-(10**30) // 3)  # > sys.maxsize
+    with pytest.raises(SpecError, match="step must not be 0") as err:
+        axis_size("seed", {"range": [0, 10, 0]})
+    assert err.value.key == "grid.seed"
+
+
+@pytest.mark.parametrize(
+    "axis",
+    [
+        {"logspace": [0, 400, 3]},  # 10**400 overflows to inf
+        {"linspace": [0, float("inf"), 3]},
+        {"logspace": [float("nan"), 1, 3]},
+    ],
+)
+def test_spaced_axes_must_stay_finite(axis):
+    with pytest.raises(SpecError, match="not a finite number") as err:
+        expand(_spec({"lr": axis}))
+    assert err.value.key == "grid.lr"
+
+
+def test_grid_size_is_bounded_before_expansion():
+    """The product of the axis sizes is checked before any value is computed: a billion
+    seeds or a logspace of 10**12 values is refused at once (it would not fit in memory)."""
+    with pytest.raises(SpecError, match="1000000000 points exceed execution.max_points"):
+        iter_points(_spec({"seed": {"range": [0, 10**9]}}))
+    with pytest.raises(SpecError, match="max_points"):
+        iter_points(_spec({"lr": {"logspace": [-3, 0, 10**12]}, "seed": [0, 1]}))
+    with pytest.raises(SpecError, match="= 20"):
+        iter_points(
+            _spec({"seed": {"range": [0, 7]}, "width": [8, 16, 32]}, execution={"max_points": 20})
+        )
+    assert len(expand(_spec({"seed": {"range": [0, 20]}}, execution={"max_points": 20}))) == 20
+
+
+def test_grid_size_of_a_huge_grid_without_expanding_it():
+    """10**8 points (over the default limit, as a stored spec may be): sized from the axes
+    in far less memory than one Point each would take."""
+    spec = _spec(
+        {
+            "init_scale": {"logspace": [-3, 1, 100]},
+            "width": [8, 16],
+            "seed": {"range": [0, 500000]},
+        },
+        execution={"max_points": 10**8},
+    )
+    tracemalloc.start()
+    try:
+        assert grid_size(spec) == 100 * 2 * 500000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 2**20
+
+
+def _peak_while_iterating(spec) -> tuple[int, int]:
+    """(points, peak traced bytes) of streaming ``spec``'s grid, keeping no point."""
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in iter_points(spec))
+        return n, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _list_bytes(spec) -> tuple[int, int]:
+    """(points, traced bytes) of holding ``spec``'s grid as a list of Points."""
+    tracemalloc.start()
+    try:
+        points = expand(spec)
+        return len(points), tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        {
+            "init_scale": {"logspace": [-2, 0, 20]},
+            "width": [8, 16, 32],
+            "seed": {"range": [0, 100]},
+        },
+        {"seed": {"range": [0, 5000]}},  # one large section, validated lazily
+        {"width": {"range": [1, 51]}, "init_scale": {"linspace": [0.5, 2, 100]}},  # likewise
+    ],
+)
+def test_streaming_holds_far_less_than_the_list_of_points(grid):
+    spec = _spec(grid)
+    n, list_bytes = _list_bytes(spec)
+    assert n >= 5000
+    streamed, peak = _peak_while_iterating(spec)
+    assert streamed == n
+    assert peak < list_bytes / 10, (peak, list_bytes)
+
+
+@pytest.mark.slow
+def test_a_million_points_stream_in_bounded_memory():
+    """10**6 points: the peak while streaming stays below what 10**5 Points held in a list
+    take (a list of all 10**6 would take ten times that)."""
+    spec = _spec(
+        {
+            "init_scale": {"logspace": [-3, 1, 100]},
+            "width": {"range": [2, 102]},  # model section: 10**4 combinations, lazy
+            "seed": {"range": [0, 100]},
+        }
+    )
+    small = _spec({"seed": {"range": [0, 10**5]}, "width": [8]})
+    n_small, bytes_small = _list_bytes(small)
+    n, peak = _peak_while_iterating(spec)
+    assert (n_small, n) == (10**5, 10**6)
+    assert peak < bytes_small, (peak, bytes_small)
