@@ -7,6 +7,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+import yaml
 from phasesweep.pipeline.grid import (
     axis_size,
     expand,
@@ -264,3 +265,50 @@ def test_a_million_points_stream_in_bounded_memory():
     n, peak = _peak_while_iterating(spec)
     assert (n_small, n) == (10**5, 10**6)
     assert peak < bytes_small, (peak, bytes_small)
+
+
+def _store_runs(store, sweep, run_ids, make_chunk):
+    store.write_chunk(sweep, "c0", make_chunk(run_ids))
+
+
+def test_plan_keeps_only_the_points_the_store_lacks(tmp_path, store_make_chunk):
+    from phasesweep.pipeline.launch import plan_sweep
+    from phasesweep.storage import Store
+
+    raw = {"name": "g", "grid": {"width": [8, 16], "seed": {"range": [0, 10]}}}
+    points = expand(validate_spec(raw))
+    store = Store.open(str(tmp_path / "store"))
+    _store_runs(store, "g", [p.run_id for p in points[:15]], store_make_chunk)
+    plan = plan_sweep(raw, store)
+    assert (plan.total, plan.skipped) == (20, 15)
+    assert [p.run_id for p in plan.todo] == [p.run_id for p in points[15:]]
+    assert [p.coords for p in plan.todo] == [p.coords for p in points[15:]]
+    assert sum(len(c.points) for c in plan.chunks) == 5
+
+
+def test_status_of_a_stored_huge_grid_counts_without_expanding(tmp_path, capsys, store_make_chunk):
+    """A stored spec of 10**8 points: ``status`` answers from the axis sizes and the store,
+    in a few MB of Python memory (one Point each would be tens of GB)."""
+    from phasesweep.pipeline.cli import main
+    from phasesweep.pipeline.launch import sweep_status
+    from phasesweep.storage import Store
+
+    raw = {
+        "name": "huge",
+        "execution": {"max_points": 10**8},
+        "grid": {"init_scale": {"logspace": [-3, 1, 100]}, "seed": {"range": [0, 10**6]}},
+    }
+    store = Store.open(str(tmp_path / "store"))
+    store.write_spec("huge", yaml.safe_dump(raw))
+    first = list(itertools.islice(iter_points(validate_spec(raw)), 7))
+    _store_runs(store, "huge", [p.run_id for p in first], store_make_chunk)
+    tracemalloc.start()
+    try:
+        status = sweep_status(store, "huge")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (status.total, status.done) == (10**8, 7)
+    assert peak < 8 * 2**20, peak
+    assert main(["status", "huge", "--store", store.uri]) == 0
+    assert "7 of 100000000 points done, 99999993 remaining" in capsys.readouterr().out
