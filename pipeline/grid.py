@@ -365,7 +365,8 @@ def iter_points(spec: SweepSpec, skip: Container[str] = frozenset()) -> Iterator
     (over ``execution.max_points``), the axes' forms and the small sections' values
     at once; a bad value of a large section when the iteration reaches it. Points that
     resolve to the same config (an axis listing a value twice) appear once; points
-    whose run_id is in ``skip`` are left out before their config is built. Memory:
+    whose run_id is in ``skip`` are left out before their config is built. A point
+    whose scaled learning rate (:func:`member_lr`) is not finite and > 0 is an error. Memory:
     the axes, the small sections' configs and a digest per config of the large ones;
     no point is kept.
     """
@@ -385,6 +386,7 @@ def iter_points(spec: SweepSpec, skip: Container[str] = frozenset()) -> Iterator
                 **{s: m for (s, _, _), (m, _, _) in zip(sections, chosen)}
             )
             coords = {a.name: a.values[c] for a, c in zip(axes, combo)}
+            _check_lr(config, coords)
             yield Point(run_id, config, coords)
 
     return points()
@@ -426,6 +428,36 @@ def shape_key(config: RunConfig, cache: dict[int, str] | None = None) -> str:
                 key = cache[id(section)] = _section_key(section, s)
             parts.append(key)
     return "|".join(parts)
+
+
+def member_lr(config: RunConfig) -> float:
+    """Base learning rate after the spec's scaling rule (``train.lr_scaling``).
+
+    Raises ``OverflowError`` where the power overflows a float (see :func:`iter_points`,
+    which refuses such points before they are trained).
+    """
+    s = config.train.lr_scaling
+    return (
+        config.train.lr
+        * max(config.model.init_scale, s.init_scale_floor)
+        ** (s.init_scale_power + s.init_scale_depth_power * (config.model.depth - 1))
+        * config.model.width**s.width_power
+    )
+
+
+def _check_lr(config: RunConfig, coords: dict[str, Any]) -> None:
+    """Refuse a point whose scaled learning rate is not a finite number > 0."""
+    try:
+        lr = member_lr(config)
+    except OverflowError:
+        lr = math.inf
+    if not (math.isfinite(lr) and lr > 0):
+        raise SpecError(
+            "grid" if coords else "train.lr_scaling",
+            coords or config.train.lr_scaling.model_dump(),
+            f"the scaled learning rate (train.lr_scaling) of this point is {lr}, "
+            "not a finite number > 0",
+        )
 
 
 def member_bytes(config: RunConfig) -> int:

@@ -30,12 +30,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 from phasesweep.pipeline.datasets import DataBatch, data_seed, make_dataset, stack
-from phasesweep.pipeline.grid import Chunk, Point
+from phasesweep.pipeline.grid import Chunk, Point, member_lr
 from phasesweep.pipeline.init import init_params
 from phasesweep.pipeline.metrics import MetricRecorder, probe_count
 from phasesweep.pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
 from phasesweep.pipeline.seeding import derive_seed, permutations
-from phasesweep.pipeline.spec import RunConfig
 from phasesweep.storage.schema import (
     CROSSING_COLUMNS,
     CROSSING_FRACTIONS,
@@ -60,17 +59,6 @@ def configure_tf32(device: torch.device, allow: bool) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = allow
         torch.backends.cudnn.allow_tf32 = allow
-
-
-def member_lr(config: RunConfig) -> float:
-    """Base learning rate after the spec's scaling rule."""
-    s = config.train.lr_scaling
-    return (
-        config.train.lr
-        * max(config.model.init_scale, s.init_scale_floor)
-        ** (s.init_scale_power + s.init_scale_depth_power * (config.model.depth - 1))
-        * config.model.width**s.width_power
-    )
 
 
 @dataclass

@@ -237,3 +237,28 @@ def test_real_process_refuses_deep_and_bomb_specs(tmp_path, phasesweep_cli):
         assert proc.returncode == 2, err
         assert err.count("\n") == 1 and err.startswith("phasesweep: invalid spec: SPEC = "), err
         assert not store.exists()
+
+
+@pytest.mark.parametrize(
+    "changes,named",
+    [
+        (  # 1e-200 ** -2 overflows a float
+            {"grid.init_scale": [1.0, 1e-200], "train.lr_scaling.init_scale_power": -2.0},
+            "grid = {'init_scale': 1e-200, 'seed': 0}",
+        ),
+        (  # underflows to lr 0
+            {"train.lr": 1e-300, "train.lr_scaling.width_power": -100.0},
+            "grid = {'init_scale': 0.5, 'seed': 0}",
+        ),
+        (
+            {"grid": {}, "model.init_scale": 1e-300, "train.lr_scaling.init_scale_power": -2.0},
+            "train.lr_scaling = {",
+        ),
+    ],
+)
+def test_scaled_learning_rate_must_be_finite_and_positive(
+    tmp_path, capsys, tiny_spec, changes, named
+):
+    store = tmp_path / "store"
+    spec = tiny_spec(changes)
+    _refused(capsys, ["run", str(spec), "--store", str(store)], store, named, "not a finite")
