@@ -44,6 +44,13 @@ BAD_SPECS = [
     ("grid.widht", [8, 16], "grid.widht", "did you mean width?"),
     ("grid", {"model.widht": [8, 16]}, "grid.model.widht", "did you mean model.width?"),
     ("grid", {"model": [8]}, "grid.model", "unknown axis"),
+    (
+        "plots",
+        [{"kind": "loss_curves", "valeu": "x"}],
+        "plots.0.valeu",
+        "(did you mean plots.0.value?)",
+    ),
+    ("plots", [{"kind": "loss_curves", "name": "a\n"}], "plots.0.name", r"'a\n'"),
     ("grid", {"train.lr_scaling.nope": [1.0]}, "grid.train.lr_scaling.nope", "unknown axis"),
 ]
 
