@@ -237,7 +237,7 @@ class _SectionOptions:
 
     @property
     def distinct(self) -> int:
-        """Distinct configs of this section (exact unless large with repeats possible)."""
+        """Distinct configs of this section (a large one counts every combination)."""
         return sum(first for _, _, first in self._known.values()) if self.eager else self.count
 
     def get(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
@@ -342,16 +342,17 @@ def _grid(spec: SweepSpec, bounded: bool) -> tuple[list[_Axis], dict[str, list[i
 def grid_size(spec: SweepSpec) -> int:
     """Number of points of the grid, without expanding it (memory and time bounded).
 
-    The product over sections of their distinct configs: exact (repeats removed as
-    :func:`iter_points` does) for sections of at most :data:`EAGER_COMBINATIONS`
-    combinations, the product of their axis sizes for larger ones. Not bounded by
+    The product over sections of their distinct configs, as :func:`iter_points` yields
+    them: exact for sections of at most :data:`EAGER_COMBINATIONS` combinations and for
+    larger ones whose values cannot repeat (ranges, spaces, sorted lists); the product
+    of the axis sizes for a large section whose values may repeat. Not bounded by
     ``execution.max_points``: it also sizes stored grids.
     """
     total = 1
     for section in _SECTIONS:
         names = [a for a in spec.grid if axis_path(a).split(".")[0] == section]
         count = math.prod(axis_size(a, spec.grid[a]) for a in names)
-        if count <= EAGER_COMBINATIONS:
+        if count <= EAGER_COMBINATIONS:  # values of large axes are never computed here
             axes = [_Axis(a, axis_path(a), axis_values(a, spec.grid[a])) for a in names]
             count = _SectionOptions(spec, section, axes).distinct
         total *= count

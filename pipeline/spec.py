@@ -586,7 +586,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         parsed = parse_yaml(value) if value.strip() else None
     except yaml.YAMLError as e:
-        raise SpecError(key.strip(), value, f"value is not valid YAML: {yaml_problem(e)}") from None
+        raise SpecError(key.strip(), value, yaml_problem(e)) from None
     return key.strip(), parsed
 
 
