@@ -8,14 +8,15 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import analyze, phase_diagram_sql, plot
+from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
 from phasesweep.analysis.figures import (
+    Context,
     escape_time_figure,
     loss_curves_figure,
     phase_diagram_figure,
     transversal_figure,
 )
-from phasesweep.analysis.plotting import default_plots, render_all, resolve, swept_axes
+from phasesweep.analysis.plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis.style import fmt, save
 from phasesweep.pipeline.spec import PlotSpec, SpecError, validate_spec
 from phasesweep.storage import open_catalog
@@ -90,7 +91,7 @@ def test_plots_section_of_the_spec(store, tmp_path):
         }
     )
     con = open_catalog(store)
-    done = render_all(con, SWEEP, spec, tmp_path)
+    done = render_all(context(con, SWEEP, spec), tmp_path)
     assert [r.name for r in done] == [
         "pd_small",
         "loss_curves",
@@ -111,11 +112,13 @@ def test_plots_section_of_the_spec(store, tmp_path):
 
 def test_defaults_from_swept_axes(store):
     con = open_catalog(store)
+    analyze(store, SWEEP)
     runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [SWEEP]).df()
     spec = validate_spec({"name": SWEEP, "grid": GRID})
     axes = swept_axes(runs, spec)
     assert axes == ["init_scale", "width", "depth", "noise_sigma"]
-    kinds = [p.kind for p in default_plots(axes)]
+    ctx = context(open_catalog(store), SWEEP, spec)
+    kinds = [p.kind for p in default_plots(ctx)]
     assert kinds == [
         "phase_diagram",
         "escape_time",
@@ -123,7 +126,7 @@ def test_defaults_from_swept_axes(store):
         "singular_values",
         "transversal",
     ]
-    pd_ = resolve(PlotSpec(kind="phase_diagram"), axes, runs)
+    pd_ = figures.get("phase_diagram").resolve(PlotSpec(kind="phase_diagram"), ctx)
     assert (pd_.x, pd_.y, pd_.facet, pd_.value) == (
         "init_scale",
         "width",
@@ -131,11 +134,18 @@ def test_defaults_from_swept_axes(store):
         "kernel_distance",
     )
     assert pd_.where == "noise_sigma = 0.0"  # the other swept axis is fixed
-    lc = resolve(PlotSpec(kind="loss_curves"), axes, runs)
+    lc = figures.get("loss_curves").resolve(PlotSpec(kind="loss_curves"), ctx)
     assert (lc.hue, lc.facet) == ("init_scale", "depth")
     assert lc.where == "seed = 0 AND width = 256 AND noise_sigma = 0.0"
     # only one swept axis: no phase diagram, no transversal figure
-    assert [p.kind for p in default_plots(["init_scale"], has_layers=False)] == [
+    one = Context(ctx.con, SWEEP, None, runs, ["init_scale"])
+    one._counts["SELECT count(*) FROM layers WHERE sweep = ? AND top_sv IS NOT NULL"] = (
+        0  # as if the sweep had recorded no spectra
+    )
+    one._counts[
+        "SELECT count(*) FROM summaries WHERE sweep = ? AND final_transversal_grad_sq > 0"
+    ] = 0
+    assert [p.kind for p in default_plots(one)] == [
         "escape_time",
         "loss_curves",
     ]
@@ -154,7 +164,7 @@ def test_bad_plot_specs_name_the_key(store, tmp_path, plot, key):
     analyze(store, SWEEP)
     spec = validate_spec({"name": SWEEP, "grid": GRID, "plots": [plot]})
     with pytest.raises(SpecError) as e:
-        render_all(open_catalog(store), SWEEP, spec, tmp_path)
+        render_all(context(open_catalog(store), SWEEP, spec), tmp_path)
     assert e.value.key == key
     assert not list(tmp_path.iterdir())
 
