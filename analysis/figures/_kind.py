@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
+from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from phasesweep.analysis import style
@@ -248,6 +249,16 @@ def finish(
         visible[-1].legend(handles=handles, fontsize="small", **legend_kw)
     if len(visible) == 1 and not visible[0].get_title():
         visible[0].set_title(wrap(title, visible[0].bbox.width / fig.dpi), fontsize="medium")
+
+
+def plain_log_labels(ax: Axes, axis: str = "y") -> None:
+    """Plain numbers (0.2, 0.5) on a log ``axis`` spanning less than a decade, where the
+    default labels only the powers of ten (often none)."""
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if lo > 0 and hi / lo < 10:
+        target = ax.yaxis if axis == "y" else ax.xaxis
+        target.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
+        target.set_minor_formatter(mticker.FormatStrFormatter("%.2g"))
 
 
 def log_ok(values) -> bool:

@@ -27,6 +27,7 @@ from phasesweep.analysis.figures._kind import (
     fixed_where,
     grid_shape,
     hide_unused,
+    log_ok,
     sorted_values,
     spans_decades,
     subtitle,
@@ -65,6 +66,7 @@ def phase_diagram_figure(
     vals = cells["value"].to_numpy(dtype=float, na_value=np.nan)
     finite = vals[np.isfinite(vals)]
     log = spans_decades(finite)
+    log_x = x in style.LOG_AXES and log_ok(xs)
     if log:
         pos = finite[finite > 0]
         norm = mcolors.LogNorm(float(pos.min()), float(pos.max()))
@@ -192,7 +194,7 @@ def phase_diagram_figure(
             a.set_yticks(np.arange(len(ys)) + 0.5, [fmt(v) for v in ys])
             a.set_xlim(0, len(xs))
             a.set_ylim(0, len(ys))
-            a.set_xlabel(label(x) + (" — log spaced" if x in style.LOG_AXES else ""))
+            a.set_xlabel(label(x) + (" — log spaced" if log_x else ""))
             a.set_ylabel(label(y))
             if fv is not None:
                 a.set_title(f"{short_label(facet)} = {fmt(fv)}")

@@ -25,6 +25,7 @@ from phasesweep.analysis.figures._kind import (
     grid_shape,
     hide_unused,
     in_runs,
+    plain_log_labels,
     subtitle,
 )
 from phasesweep.analysis.style import fmt, label, short_label
@@ -102,10 +103,7 @@ def singular_values_figure(
             t_lo, t_hi = a.get_xlim()
             if t_hi / t_lo > 5:  # labels at the decades only, not crowded minor ones
                 a.xaxis.set_minor_formatter(mticker.NullFormatter())
-            lo, hi = a.get_ylim()
-            if hi / lo < 10:  # less than a decade: plain numbers, not 10^x labels
-                a.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
-                a.yaxis.set_minor_formatter(mticker.NullFormatter())
+            plain_log_labels(a, "y")
             head = f"layer {layer}"
             if fv is not None:
                 head = f"{short_label(facet)} {fmt(fv)} · {head}"

@@ -24,6 +24,7 @@ from phasesweep.analysis.figures._kind import (
     hide_unused,
     hue_colors,
     in_runs,
+    plain_log_labels,
     sorted_values,
     subtitle,
 )
@@ -94,6 +95,8 @@ def transversal_figure(
             symlog_y = _scale(a, yv, "y")
             if symlog_y:
                 a.set_ylim(bottom=0)
+            elif a.get_yscale() == "log":
+                plain_log_labels(a, "y")
             ticks = np.unique(xs[np.isfinite(xs)])
             if 0 < len(ticks) <= 12:
                 a.set_xticks(ticks, [fmt(v) for v in ticks])
