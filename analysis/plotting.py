@@ -31,6 +31,7 @@ from phasesweep.analysis.output import prepare_dir
 from phasesweep.analysis.phase import AXES
 from phasesweep.analysis.style import save
 from phasesweep.pipeline.spec import PlotSpec, SpecError, SweepSpec, parse_yaml, validate_spec
+from phasesweep.storage.store import as_store
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +198,6 @@ def upload(store, sweep: str, paths: list[Path]) -> None:
         store.fs.put_file(str(p), f"{store.root}/figures/{sweep}/{p.name}")
 
 
-def _as_store(store):
-    from phasesweep.storage import Store
-
-    return store if isinstance(store, Store) else Store.open(store)
-
-
 def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
     """Regenerate every figure of ``sweep``; returns the PNG and SVG paths written.
 
@@ -213,7 +208,7 @@ def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
     file or a symbolic link (or holds one at a figure's name) raises
     :class:`analysis.output.OutputError` and nothing is written there.
     """
-    store = _as_store(store)
+    store = as_store(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
     prepare_dir(out, create=False)
     with open_sweep(store, sweep) as ctx:
@@ -250,7 +245,7 @@ def draw(
     if isinstance(source, duckdb.DuckDBPyConnection):
         ctx = context(source, sweep, None)
         return _draw_one(p, ctx, ax)
-    store = _as_store(source)
+    store = as_store(source)
     with open_sweep(store, sweep) as ctx:
         return _draw_one(p, ctx, ax)
 

@@ -294,13 +294,16 @@ def report_html(
     ]
     if description:
         parts.append(f'<p class="meta" id="description">{html.escape(description)}</p>')
-    header = spec_header(spec_text)
-    if header:
-        parts.append(f'<pre id="spec-header">{html.escape(header)}</pre>')
     if provenance is not None:
         parts.append(_provenance_html(provenance))
     else:
         parts.append(f'<p class="meta">generated {now} by phasesweep</p>')
+    header = spec_header(spec_text)
+    if header:
+        parts.append(
+            "<details open><summary>About this sweep (the spec's header)</summary>"
+            f'<pre id="spec-header">{html.escape(header)}</pre></details>'
+        )
     counts = [
         ("By status", status_counts, "status-counts", ("status",)),
         ("By regime", regime_counts, "regime-counts", ("regime",)),
@@ -366,15 +369,10 @@ def report(
     command line that makes the report (default ``sys.argv``). Returns the page's path.
     """
     from phasesweep.analysis.output import prepare_dir, write_file
-    from phasesweep.analysis.plotting import (
-        _as_store,
-        default_out_dir,
-        open_sweep,
-        render_all,
-        upload,
-    )
+    from phasesweep.analysis.plotting import default_out_dir, open_sweep, render_all, upload
+    from phasesweep.storage.store import as_store
 
-    store = _as_store(store)
+    store = as_store(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
     prepare_dir(out, create=False)
     with open_sweep(store, sweep) as ctx:

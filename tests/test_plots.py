@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
+from phasesweep.analysis.calibration import synthetic_sweep
 from phasesweep.analysis.figures import (
-    Context,
     escape_time_figure,
     loss_curves_figure,
     phase_diagram_figure,
@@ -19,7 +19,7 @@ from phasesweep.analysis.figures import (
 from phasesweep.analysis.plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis.style import fmt, save
 from phasesweep.pipeline.spec import PlotSpec, SpecError, validate_spec
-from phasesweep.storage import open_catalog
+from phasesweep.storage import Store, open_catalog
 
 SWEEP = "figs"
 GRID = {
@@ -110,7 +110,7 @@ def test_plots_section_of_the_spec(store, tmp_path):
             (_check_png if p.suffix == ".png" else _check_svg)(p)
 
 
-def test_defaults_from_swept_axes(store):
+def test_defaults_from_swept_axes(store, tmp_path):
     con = open_catalog(store)
     analyze(store, SWEEP)
     runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [SWEEP]).df()
@@ -137,15 +137,12 @@ def test_defaults_from_swept_axes(store):
     lc = figures.get("loss_curves").resolve(PlotSpec(kind="loss_curves"), ctx)
     assert (lc.hue, lc.facet) == ("init_scale", "depth")
     assert lc.where == "seed = 0 AND width = 256 AND noise_sigma = 0.0"
-    # only one swept axis: no phase diagram, no transversal figure
-    one = Context(ctx.con, SWEEP, None, runs, ["init_scale"])
-    one._counts["SELECT count(*) FROM layers WHERE sweep = ? AND top_sv IS NOT NULL"] = (
-        0  # as if the sweep had recorded no spectra
-    )
-    one._counts[
-        "SELECT count(*) FROM summaries WHERE sweep = ? AND final_transversal_grad_sq > 0"
-    ] = 0
-    assert [p.kind for p in default_plots(one)] == [
+    # only one swept axis: no phase diagram, no transversal figure; no spectra: no singular
+    # values
+    tables = synthetic_sweep(init_scales=[1e-2, 1e-1], widths=[16], depths=[2], seeds=[0])
+    one = Store.open(str(tmp_path / "one"))
+    one.write_chunk("one", "c0", {k: tables[k] for k in ("runs", "trajectories")})
+    assert [p.kind for p in default_plots(context(open_catalog(one), "one", None))] == [
         "escape_time",
         "loss_curves",
     ]

@@ -170,16 +170,8 @@ def escape_time_figure(
                 name = f"{short_label(hue)} {fmt(h)}"
                 if fv is not None:
                     name = f"{short_label(facet)} {fmt(fv)}, {name}"
-                handles.append(
-                    Line2D(
-                        [],
-                        [],
-                        color=c,
-                        marker="o",
-                        lw=2,
-                        label=":  ".join([name, *text[:1]]) + "".join(f"; {t}" for t in text[1:]),
-                    )
-                )
+                text = f"{name}:  {'; '.join(text)}" if text else name
+                handles.append(Line2D([], [], color=c, marker="o", lw=2, label=text))
             a.set_xscale("log")
             a.set_yscale("log")
             a.set_xlabel(label("init_scale"))
