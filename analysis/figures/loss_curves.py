@@ -161,8 +161,7 @@ class LossCurves(FigureKind):
         return PlotSpec(kind=self.kind)
 
     def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
-        axes = ctx.axes
-        hue = p.hue or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "seed"))
+        hue = p.hue or first_free(ctx, ("init_scale",), set(), p.where) or "seed"
         facet = p.facet or first_free(ctx, ("depth", "width"), {hue}, p.where)
         where = fixed_where(ctx, {hue, facet}, p.where)
         return p.model_copy(update={"hue": hue, "facet": facet, "where": where})

@@ -101,7 +101,8 @@ def transversal_figure(
             if 0 < len(ticks) <= 12:
                 a.set_xticks(ticks, [fmt(v) for v in ticks])
                 a.minorticks_off()
-            a.set_xlabel(label(x) + (" — symlog (0 included)" if symlog_x else ""))
+            name = label(x) if ax is None else short_label(x)  # a caller's panel may be narrow
+            a.set_xlabel(name + (" — symlog (0 included)" if symlog_x else ""))
             if k % nc == 0:
                 a.set_ylabel(label("transversal_grad_sq") + " (final)")
             if fv is not None:
