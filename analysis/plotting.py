@@ -1,38 +1,39 @@
 """``phasesweep plot``: every figure the sweep's spec asks for, from the store.
 
 The spec's ``plots:`` list names the figures (see ``pipeline.spec.PlotSpec``);
-without one, :func:`default_plots` picks them from the swept axes. Unset fields
-of a plot are filled the same way (:func:`resolve`). Each figure is written as
-``NAME.png`` and ``NAME.svg``.
+without one, every registered kind (:mod:`analysis.figures`) that applies to the
+swept axes is drawn. Unset fields of a plot are filled from the swept axes. Each
+figure is written as ``NAME.png`` and ``NAME.svg``; a figure that cannot be drawn
+is skipped with a one-line warning, the others are still written.
+
+Entry points: :func:`plot` (the CLI's: a store in, paths out) and :func:`draw`
+(the Python API's: one figure into a matplotlib ``Axes``, the ``Figure`` out).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
-import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from phasesweep.analysis import figures
-from phasesweep.analysis.phase import AXES, VALUES, phase_diagram_sql
-from phasesweep.analysis.style import fmt, save, short_label
-from phasesweep.pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
+from phasesweep.analysis.figures import Context, Unavailable
+from phasesweep.analysis.figures._kind import Y_PREFERENCE
+from phasesweep.analysis.output import prepare_dir
+from phasesweep.analysis.phase import AXES
+from phasesweep.analysis.style import save
+from phasesweep.pipeline.spec import PlotSpec, SpecError, SweepSpec, parse_yaml, validate_spec
+from phasesweep.storage.store import as_store
 
 log = logging.getLogger(__name__)
-
-#: swept axes that may serve as phase-diagram / facet axes, in order of preference for y.
-_Y_PREFERENCE = ("width", "depth", "noise_sigma", "lr", "n_train", "activation", "leaky_slope")
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A resolved plot: what to draw and under which name."""
-
-    spec: PlotSpec
-    name: str
 
 
 def swept_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
@@ -44,220 +45,57 @@ def swept_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
         axes = [a for a in axes if runs[a].nunique(dropna=True) > 1]
         if axes:
             return axes
-    cands = ["init_scale", *_Y_PREFERENCE]
+    cands = ["init_scale", *Y_PREFERENCE]
     return [a for a in cands if a in runs and runs[a].nunique(dropna=True) > 1]
 
 
-def default_plots(
-    axes: list[str], *, has_layers: bool = True, has_transversal: bool = False
-) -> list[PlotSpec]:
-    """Figures for a sweep over ``axes`` (see the module docstring)."""
-    plots: list[PlotSpec] = []
-    if len(axes) >= 2:
-        plots.append(PlotSpec(kind="phase_diagram"))
-    if "init_scale" in axes:
-        plots.append(PlotSpec(kind="escape_time"))
-    plots.append(PlotSpec(kind="loss_curves"))
-    if has_layers:
-        plots.append(PlotSpec(kind="singular_values"))
-    if has_transversal or "noise_sigma" in axes:
-        plots.append(PlotSpec(kind="transversal"))
-    return plots
+def context(con: duckdb.DuckDBPyConnection, sweep: str, spec: SweepSpec | None) -> Context:
+    """The sweep as the figures see it (its runs read once); ``ValueError`` if it has none."""
+    runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [sweep]).df()
+    if runs.empty:
+        raise ValueError(f"sweep {sweep!r} has no runs in the store")
+    return Context(con, sweep, spec, runs, swept_axes(runs, spec))
 
 
-def _fixed_where(runs: pd.DataFrame, axes: list[str], free: set[str]) -> str | None:
-    """A condition fixing every swept axis not in ``free`` (and the seed) to one value."""
-    conds = []
-    if "seed" not in free and "seed" in runs and runs["seed"].notna().any():
-        conds.append(f"seed = {int(runs['seed'].min())}")
-    for a in axes:
-        if a in free or a not in runs:
-            continue
-        vals = runs[a].dropna()
-        if vals.empty:
-            continue
-        v = vals.max() if a in ("width", "n_train") else sorted(vals.unique())[0]
-        conds.append(f"{a} = " + (f"'{v}'" if isinstance(v, str) else repr(_py(v))))
-    return " AND ".join(conds) or None
+def default_plots(ctx: Context) -> list[PlotSpec]:
+    """One figure per registered kind that applies to the sweep (see each kind's ``default``)."""
+    return [p for k in figures.kinds() if (p := figures.get(k).default(ctx)) is not None]
 
 
-def _py(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def resolve(p: PlotSpec, axes: list[str], runs: pd.DataFrame) -> PlotSpec:
-    """``p`` with its unset fields chosen from the swept ``axes``."""
-    u = {}
-    if p.kind == "phase_diagram":
-        x = p.x or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "init_scale"))
-        y = p.y or next((a for a in [*_Y_PREFERENCE, *axes] if a in axes and a != x), "seed")
-        facet = p.facet
-        if facet is None:  # the next swept axis that the plot's where clause does not fix
-            rest = [a for a in axes if a not in (x, y) and not (p.where and a in p.where)]
-            facet = rest[0] if rest else None
-        u = {"x": x, "y": y, "value": p.value or "kernel_distance", "facet": facet}
-        if p.where is None:
-            u["where"] = _fixed_where(runs, axes, {x, y, facet, "seed"})
-    elif p.kind == "escape_time":
-        u = {"x": p.x or "init_scale", "hue": p.hue or "depth"}
-        if p.where is None:
-            u["where"] = _fixed_where(runs, axes, {u["x"], u["hue"], "seed"})
-    elif p.kind == "loss_curves":
-        hue = p.hue or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "seed"))
-        facet = p.facet
-        if facet is None:
-            facet = next(
-                (
-                    a
-                    for a in ("depth", "width", *axes)
-                    if a in axes and a != hue and not (p.where and a in p.where)
-                ),
-                None,
+def check(p: PlotSpec, index: int, ctx: Context | None = None) -> None:
+    """Raise ``SpecError`` (key ``plots[i].FIELD``) for a plot that cannot be drawn: an
+    unknown kind, axis or value, or (given a sweep) a ``where`` that is not valid SQL."""
+    key = f"plots[{index}]"
+    try:
+        kind = figures.get(p.kind)
+    except KeyError as e:
+        raise SpecError(f"{key}.kind", p.kind, str(e.args[0]).split("; ", 1)[1]) from None
+    kind.check(p, key)
+    if p.where and ctx is not None:
+        try:
+            ctx.con.execute(
+                f"SELECT count(*) FROM runs WHERE sweep = ? AND ({p.where})", [ctx.sweep]
             )
-        u = {"hue": hue, "facet": facet}
-        if p.where is None:
-            u["where"] = _fixed_where(runs, axes, {hue, facet})
-    elif p.kind == "singular_values":
-        if p.where is None:
-            u["where"] = _fixed_where(runs, axes, {"init_scale", "depth"})
-    elif p.kind == "transversal":
-        u = {"x": p.x or "noise_sigma", "hue": p.hue or "depth"}
-        if p.where is None:
-            u["where"] = _fixed_where(runs, axes, {u["x"], u["hue"], "seed"})
-    return p.model_copy(update=u)
+        except duckdb.Error as e:
+            raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
 
 
-def _name(p: PlotSpec) -> str:
-    if p.name:
-        return p.name
-    if p.kind == "phase_diagram":
-        return f"phase_{p.value}_{p.x}_{p.y}" + (f"_by_{p.facet}" if p.facet else "")
-    return p.kind
+def check_plots(spec: SweepSpec) -> None:
+    """Validate the kinds and fields of ``spec.plots`` without a store (before a launch)."""
+    for i, p in enumerate(spec.plots or ()):
+        check(p, i)
 
 
-def _in_runs(sweep: str, where: str | None) -> str:
-    """SQL condition selecting the sweep's runs matching ``where`` (alias-free)."""
-    q = "'" + sweep.replace("'", "''") + "'"
-    cond = f"sweep = {q}" + (f" AND ({where})" if where else "")
-    return f"run_id IN (SELECT run_id FROM runs WHERE {cond})"
-
-
-def _subtitle(where: str | None) -> str:
-    return f" [{where}]" if where else ""
-
-
-def render(con, sweep: str, p: PlotSpec, cfg: AnalysisConfig) -> plt.Figure | None:
-    """Draw one resolved plot from the catalog ``con``; None if there is nothing to draw."""
-    q = [sweep]
-    if p.kind == "phase_diagram":
-        cells = con.execute(
-            phase_diagram_sql(sweep, p.x, p.y, p.value, facet=p.facet, where=p.where)
-        ).df()
-        if cells.empty:
-            return None
-        thr = None
-        if p.value in (cfg.order_parameter, "order_value"):
-            thr = cfg.lazy_threshold
-        elif p.value in ("kernel_distance", "param_rel_change"):
-            thr = cfg.fallback_lazy_threshold
-        title = p.title or (
-            f"Phase diagram — {short_label(p.value)}, mean over seeds{_subtitle(p.where)}"
-        )
-        return figures.phase_diagram_figure(
-            cells, x=p.x, y=p.y, value=p.value, threshold=thr, facet=p.facet, title=title
-        )
-    if p.kind == "escape_time":
-        pts = con.execute(
-            f"SELECT r.run_id, r.status, r.depth, r.{p.x} AS init_scale, r.seed, s.escape_time, "
-            "s.regime, s.n_plateaus "
-            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{_in_runs(sweep, p.where)}",
-            q,
-        ).df()
-        if pts["escape_time"].notna().sum() == 0:
-            return None
-        from phasesweep.analysis.analyze import fit_mask
-
-        pts["in_fit"] = fit_mask(pts, cfg)
-        fits = con.execute("SELECT * FROM scaling_fits WHERE sweep = ?", q).df()
-        fits = _match_fits(fits, con, sweep, p.where)
-        title = p.title or (
-            f"Escape time vs init scale (t where L = L0 − {cfg.escape_eps:g}(L0 − L_end))"
-            f"{_subtitle(p.where)}"
-        )
-        return figures.escape_time_figure(pts, fits, title=title)
-    if p.kind == "loss_curves":
-        cols = ", ".join(dict.fromkeys(c for c in ("status", p.hue, p.facet) if c))
-        runs = con.execute(
-            f"SELECT run_id, {cols} FROM runs WHERE sweep = ? AND {_in_runs(sweep, p.where)}",
-            q,
-        ).df()
-        if runs.empty:
-            return None
-        traj = con.execute(
-            "SELECT run_id, time, train_loss FROM trajectories "
-            f"WHERE sweep = ? AND {_in_runs(sweep, p.where)} ORDER BY run_id, time",
-            q,
-        ).df()
-        pl = con.execute(
-            f"SELECT * FROM plateaus WHERE sweep = ? AND {_in_runs(sweep, p.where)}", q
-        ).df()
-        title = p.title or f"Train loss vs gradient-flow time{_subtitle(p.where)}"
-        return figures.loss_curves_figure(traj, runs, pl, hue=p.hue, facet=p.facet, title=title)
-    if p.kind == "singular_values":
-        pick = con.execute(
-            # the smallest init that escaped a saddle (else the smallest init), deepest first
-            "SELECT r.run_id, r.init_scale, r.depth, r.width, r.seed FROM runs r "
-            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{_in_runs(sweep, p.where)} "
-            "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
-            "r.run_id LIMIT 1",
-            q,
-        ).df()
-        if pick.empty:
-            return None
-        rid = pick["run_id"].iloc[0]
-        layers = con.execute(
-            "SELECT l.layer, t.time, l.top_sv, l.delta_top_sv FROM layers l "
-            "JOIN trajectories t ON t.sweep = l.sweep AND t.run_id = l.run_id AND t.step = l.step "
-            "WHERE l.sweep = ? AND l.run_id = ? ORDER BY l.layer, t.time",
-            [sweep, rid],
-        ).df()
-        if layers.empty:
-            return None
-        r = pick.iloc[0]
-        desc = ", ".join(f"{k} {fmt(r[k])}" for k in ("init_scale", "depth", "width", "seed"))
-        title = p.title or f"Top singular values per layer — run {desc}"
-        return figures.singular_values_figure(layers, title=title)
-    if p.kind == "transversal":
-        df = con.execute(
-            f"SELECT r.run_id, r.{p.x}, r.{p.hue}, r.seed, s.final_transversal_grad_sq "
-            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{_in_runs(sweep, p.where)}",
-            q,
-        ).df()
-        if df["final_transversal_grad_sq"].notna().sum() == 0:
-            return None
-        title = p.title or f"Transversal variation vs {short_label(p.x)}{_subtitle(p.where)}"
-        return figures.transversal_figure(df, x=p.x, hue=p.hue, title=title)
-    raise ValueError(f"unknown plot kind {p.kind!r}")
-
-
-def _match_fits(fits: pd.DataFrame, con, sweep: str, where: str | None) -> pd.DataFrame:
-    """The fits whose group axes agree with the runs selected by ``where``."""
-    if fits.empty or not where:
-        return fits
-    sel = con.execute(
-        f"SELECT DISTINCT width, activation, noise_sigma, lr FROM runs "
-        f"WHERE sweep = ? AND {_in_runs(sweep, where)}",
-        [sweep],
-    ).df()
-    keep = np.ones(len(fits), dtype=bool)
-    for c in ("width", "activation", "noise_sigma", "lr"):
-        vals = set(sel[c].dropna().tolist())
-        col = fits[c]
-        keep &= col.isna().to_numpy() | col.isin(vals).to_numpy()
-    return fits[keep]
+def plots_for(ctx: Context) -> list[PlotSpec]:
+    """The resolved plots of the sweep (the spec's, else the defaults), checked."""
+    spec = ctx.spec
+    plots = list(spec.plots) if spec is not None and spec.plots is not None else default_plots(ctx)
+    for i, p in enumerate(plots):
+        check(p, i, ctx)
+    resolved = [figures.get(p.kind).resolve(p, ctx) for p in plots]
+    for i, p in enumerate(resolved):
+        check(p, i, ctx)
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -267,75 +105,46 @@ class Rendered:
     name: str
     spec: PlotSpec  # resolved
     paths: list[Path]  # NAME.png, NAME.svg
-    sql: str | None = None  # the phase-diagram query, for phase diagrams
+    sql: str | None = None  # the single query behind the figure, where there is one
+
+    @property
+    def caption(self) -> str:
+        return figures.get(self.spec.kind).caption
 
 
-def plots_for(con, sweep: str, spec: SweepSpec | None) -> tuple[list[PlotSpec], pd.DataFrame]:
-    """The resolved plots of ``sweep`` (the spec's, else the defaults), and its runs."""
-    runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [sweep]).df()
-    if runs.empty:
-        raise ValueError(f"sweep {sweep!r} has no runs in the store")
-    axes = swept_axes(runs, spec)
-    if spec is not None and spec.plots is not None:
-        plots = list(spec.plots)
-    else:
-        has_layers = (
-            con.execute("SELECT count(*) FROM layers WHERE sweep = ?", [sweep]).fetchone()[0] > 0
-        )
-        has_tv = (
-            con.execute(
-                "SELECT count(*) FROM summaries WHERE sweep = ? AND final_transversal_grad_sq > 0",
-                [sweep],
-            ).fetchone()[0]
-            > 0
-        )
-        plots = default_plots(axes, has_layers=has_layers, has_transversal=has_tv)
-    resolved = [resolve(p, axes, runs) for p in plots]
-    for i, p in enumerate(resolved):
-        check(con, sweep, p, i)
-    return resolved, runs
-
-
-def check(con, sweep: str, p: PlotSpec, index: int) -> None:
-    """Raise ``SpecError`` (key ``plots[i].FIELD``) for a plot that cannot be drawn."""
-    key = f"plots[{index}]"
-    for field in ("x", "y", "facet", "hue"):
-        v = getattr(p, field)
-        if v is not None and v not in AXES:
-            raise SpecError(f"{key}.{field}", v, f"not a runs axis; known: {', '.join(AXES)}")
-    if p.kind == "phase_diagram" and p.value not in VALUES:
-        raise SpecError(f"{key}.value", p.value, f"known: {', '.join(VALUES)}")
-    if p.kind == "escape_time" and p.x != "init_scale":
-        raise SpecError(f"{key}.x", p.x, "escape times are drawn against init_scale")
-    if p.where:
-        try:
-            con.execute(f"SELECT count(*) FROM runs WHERE sweep = ? AND ({p.where})", [sweep])
-        except duckdb.Error as e:
-            raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
-
-
-def render_all(con, sweep: str, spec: SweepSpec | None, out_dir: Path | str) -> list[Rendered]:
-    """Render every figure of ``sweep`` from the catalog ``con`` into ``out_dir``."""
-    plots, _ = plots_for(con, sweep, spec)
-    cfg = spec.analysis if spec is not None else AnalysisConfig()
+def render_all(ctx: Context, out_dir: Path | str) -> list[Rendered]:
+    """Draw every figure of the sweep into ``out_dir``; a figure that cannot be drawn is
+    skipped with a one-line warning naming it and why. Bad ``plots:`` entries raise
+    ``SpecError`` before anything is written."""
+    plots = plots_for(ctx)
+    out = prepare_dir(out_dir)
     done: list[Rendered] = []
     used: set[str] = set()
     for p in plots:
-        name = base = _name(p)
+        kind = figures.get(p.kind)
+        name = base = kind.name(p)
         i = 2
         while name in used:
             name, i = f"{base}_{i}", i + 1
         used.add(name)
-        fig = render(con, sweep, p, cfg)
-        if fig is None:
-            log.warning("plot %s of sweep %s: nothing to draw, skipped", name, sweep)
+        try:
+            fig = kind.draw(kind.query(p, ctx), p)
+        except Unavailable as e:
+            log.warning("figure %s (%s) of sweep %s skipped: %s", name, p.kind, ctx.sweep, e)
             continue
-        sql = (
-            phase_diagram_sql(sweep, p.x, p.y, p.value, facet=p.facet, where=p.where)
-            if p.kind == "phase_diagram"
-            else None
-        )
-        done.append(Rendered(name, p, save(fig, out_dir, name), sql))
+        except Exception as e:  # one figure failing must not lose the others
+            first = (str(e).splitlines() or [""])[0][:200]
+            log.warning(
+                "figure %s (%s) of sweep %s skipped: %s: %s",
+                name,
+                p.kind,
+                ctx.sweep,
+                type(e).__name__,
+                first,
+            )
+            plt.close("all")
+            continue
+        done.append(Rendered(name, p, save(fig, out, name), kind.sql(p, ctx)))
     return done
 
 
@@ -347,27 +156,46 @@ def default_out_dir(store, sweep: str) -> Path:
     return Path("figures") / sweep
 
 
-def render_store(store, sweep: str, out_dir: Path | str | None = None) -> list[Rendered]:
-    """:func:`render_all` on a store (analyzing the sweep first if it has no summaries)."""
-    from phasesweep.analysis.analyze import analyze, load_spec
+@contextmanager
+def open_sweep(store, sweep: str) -> Iterator[Context]:
+    """The sweep's :class:`Context` over one catalog connection, analyzing it first if it has
+    no summaries yet (the connection is then reopened once, to see the new tables)."""
+    from phasesweep.analysis.analyze import analyze_catalog
     from phasesweep.storage import open_catalog
 
+    text = store.read_spec(sweep)
+    spec = spec_of(text, sweep)
     con = open_catalog(store)
     try:
         n = con.execute("SELECT count(*) FROM summaries WHERE sweep = ?", [sweep]).fetchone()[0]
         if n == 0:
+            for name, table in analyze_catalog(con, sweep, spec).items():
+                store.write_analysis(sweep, name, table)
             con.close()
-            analyze(store, sweep)
             con = open_catalog(store)
-        out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
-        done = render_all(con, sweep, load_spec(store, sweep), out)
+        ctx = context(con, sweep, spec)
+        ctx.spec_text = text
+        yield ctx
     finally:
         con.close()
-    if out_dir is None and not store.is_local:
-        for r in done:
-            for p in r.paths:
-                store.fs.put_file(str(p), f"{store.root}/figures/{sweep}/{p.name}")
-    return done
+
+
+def spec_of(text: str | None, sweep: str) -> SweepSpec | None:
+    """The stored spec ``text`` validated, or None (none stored, or it no longer validates:
+    an old spec must not block the figures, the defaults apply)."""
+    if text is None:
+        return None
+    try:
+        return validate_spec(parse_yaml(text))
+    except Exception as e:
+        log.warning("stored spec of sweep %s does not validate (%s); using defaults", sweep, e)
+        return None
+
+
+def upload(store, sweep: str, paths: list[Path]) -> None:
+    """Copy ``paths`` into ``STORE/figures/SWEEP/`` (object stores)."""
+    for p in paths:
+        store.fs.put_file(str(p), f"{store.root}/figures/{sweep}/{p.name}")
 
 
 def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
@@ -375,9 +203,55 @@ def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
 
     ``store``: a ``storage.Store`` or URI. Runs ``analyze`` first if the sweep has
     no summaries yet. Without ``out_dir`` the figures go to :func:`default_out_dir`;
-    for an object store they are also uploaded to ``STORE/figures/SWEEP/``.
+    for an object store they are also uploaded to ``STORE/figures/SWEEP/``. A
+    figure that cannot be drawn is skipped with a warning. ``out_dir`` that is a
+    file or a symbolic link (or holds one at a figure's name) raises
+    :class:`analysis.output.OutputError` and nothing is written there.
     """
-    from phasesweep.storage import Store
+    store = as_store(store)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
+    prepare_dir(out, create=False)
+    with open_sweep(store, sweep) as ctx:
+        done = render_all(ctx, out)
+    paths = [p for r in done for p in r.paths]
+    if out_dir is None and not store.is_local:
+        upload(store, sweep, paths)
+    return paths
 
-    store = store if isinstance(store, Store) else Store.open(store)
-    return [p for r in render_store(store, sweep, out_dir) for p in r.paths]
+
+def draw(
+    kind: str,
+    source: Any,
+    sweep: str,
+    ax: Axes | None = None,
+    **options: Any,
+) -> Figure:
+    """Draw one figure of ``sweep`` into ``ax`` (or a new figure) and return its ``Figure``.
+
+    ``kind``: a registered figure kind (:func:`analysis.figures.kinds`);
+    ``source``: a ``storage.Store``, a store URI, or an open catalog connection
+    (``storage.open_catalog``; its sweep must be analyzed, or figures that need the
+    summaries are unavailable); ``options``: fields of a ``plots:`` entry (``x``,
+    ``y``, ``value``, ``hue``, ``facet``, ``where``, ``title``), unset ones chosen
+    from the swept axes as ``plot`` does. A figure with facets fills ``ax``'s place
+    with a grid of panels. Raises :class:`analysis.figures.Unavailable` (with the
+    reason) when the sweep has nothing to draw, ``SpecError`` for bad options.
+    """
+    try:
+        p = PlotSpec(kind=kind, **options)
+    except Exception as e:
+        raise SpecError("options", options, str(e).splitlines()[0], what="argument") from None
+    check(p, 0)
+    if isinstance(source, duckdb.DuckDBPyConnection):
+        ctx = context(source, sweep, None)
+        return _draw_one(p, ctx, ax)
+    store = as_store(source)
+    with open_sweep(store, sweep) as ctx:
+        return _draw_one(p, ctx, ax)
+
+
+def _draw_one(p: PlotSpec, ctx: Context, ax: Axes | None) -> Figure:
+    kind = figures.get(p.kind)
+    check(p, 0, ctx)
+    p = kind.resolve(p, ctx)
+    return kind.draw(kind.query(p, ctx), p, ax)

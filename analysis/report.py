@@ -1,18 +1,27 @@
 """``phasesweep report``: one self-contained HTML page per sweep.
 
-The page holds the sweep's spec, the counts of runs by status and by regime,
-every figure of ``phasesweep plot`` (PNG embedded as ``data:`` URIs, so the
-file can be mailed or archived alone: no external resource, no script), the
-SQL behind the phase diagrams, and the fitted-slope table.
+The page says what made it (phasesweep version, git commit of the code, command
+line, the launch's own command line when the store records it), what the sweep
+cost (wall time, devices, nodes), what it is (the spec's header comment and
+description), the counts of runs by status, regime and plateaus, every figure of
+``phasesweep plot`` (PNG embedded as ``data:`` URIs, so the file can be mailed or
+archived alone: no external resource, no script; each links to its SVG beside the
+page), the SQL behind the phase diagrams, the fitted-slope table and the spec.
+Empty tables are left out.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from phasesweep.analysis.style import fmt
@@ -32,6 +41,8 @@ figure { margin: 1.2em 0; } figure img { max-width: 100%; height: auto;
   border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
 .counts { display: flex; gap: 2.5em; flex-wrap: wrap; }
+dl.prov { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
+dl.prov dt { color: #555; } dl.prov dd { margin: 0; }
 """
 
 
@@ -41,6 +52,24 @@ class ReportFigure:
     png: bytes
     caption: str = ""
     sql: str | None = None
+    #: link to the figure's SVG, relative to the page (None: no link).
+    svg: str | None = None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What made the report and what the sweep cost (see :func:`provenance`)."""
+
+    version: str
+    commit: str
+    command: str
+    generated: str
+    wall_seconds: float | None = None  # sum over the sweep's chunks
+    span_seconds: float | None = None  # first start to last finish
+    devices: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    #: the launch as the store records it: argv, version, commit, started_at, finished_at.
+    launch: dict[str, Any] | None = None
 
 
 def _table(df: pd.DataFrame, table_id: str, left: tuple[str, ...] = ()) -> str:
@@ -118,6 +147,130 @@ def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def spec_header(text: str | None) -> str:
+    """The leading comment block of a spec's YAML (``#`` stripped), or ""."""
+    lines = []
+    for line in (text or "").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            lines.append(stripped[1:][1:] if stripped[1:2] == " " else stripped[1:])
+        elif stripped or lines:
+            break
+    return "\n".join(lines).strip("\n")
+
+
+def code_commit() -> str:
+    """The git commit of the phasesweep code that runs, ``+dirty`` if it has local changes;
+    "unknown" unless the package's own files are tracked in a git checkout."""
+    import phasesweep
+
+    src = Path(phasesweep.__file__).resolve()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(src.parent), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+
+    try:
+        git("ls-files", "--error-unmatch", src.name)  # tracked: a checkout, not a venv copy
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def provenance(
+    con, sweep: str, command: Sequence[str] | None = None, launch: dict | None = None
+) -> Provenance:
+    """The report's provenance; ``con``: the open catalog. ``command``: the command line
+    that makes the report (default: this process's ``sys.argv``)."""
+    import phasesweep
+
+    argv = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+    row = con.execute(
+        "SELECT sum(wall_seconds), "
+        "epoch(max(finished_at)) - min(epoch(finished_at) - coalesce(chunk_wall_seconds, "
+        "wall_seconds, 0)) FROM runs WHERE sweep = ?",
+        [sweep],
+    ).fetchone()
+    devices = con.execute(
+        "SELECT DISTINCT device FROM runs WHERE sweep = ? AND device IS NOT NULL ORDER BY 1",
+        [sweep],
+    ).fetchall()
+    nodes = con.execute(
+        "SELECT DISTINCT node_id FROM runs WHERE sweep = ? AND node_id IS NOT NULL ORDER BY 1",
+        [sweep],
+    ).fetchall()
+    return Provenance(
+        version=phasesweep.__version__,
+        commit=code_commit(),
+        command=shlex.join(argv),
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        wall_seconds=None if row[0] is None else float(row[0]),
+        span_seconds=None if row[1] is None else float(row[1]),
+        devices=tuple(r[0] for r in devices),
+        nodes=tuple(r[0] for r in nodes),
+        launch=launch,
+    )
+
+
+def duration(seconds: float | None) -> str:
+    """``seconds`` as "1 h 02 min", "3 min 05 s" or "12.3 s"; "unknown" for None."""
+    if seconds is None or seconds != seconds:
+        return "unknown"
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.1f} s"
+    m, s = divmod(round(s), 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    return f"{h} h {m:02d} min"
+
+
+def _provenance_html(p: Provenance) -> str:
+    rows = [
+        ("phasesweep", f"{p.version} (commit {p.commit})"),
+        ("report made by", f"<code>{html.escape(p.command)}</code>"),
+        ("generated", p.generated),
+    ]
+    if p.launch:
+        argv = p.launch.get("argv")
+        cmd = shlex.join(map(str, argv)) if isinstance(argv, (list, tuple)) else str(argv or "")
+        when = " → ".join(
+            html.escape(str(p.launch[k])) for k in ("started_at", "finished_at") if p.launch.get(k)
+        )
+        made = ", ".join(
+            f"{k} {html.escape(str(p.launch[k]))}" for k in ("version", "commit") if p.launch.get(k)
+        )
+        rows.append(("launched by", f'<code id="launch-argv">{html.escape(cmd)}</code>'))
+        if made:
+            rows.append(("launched with", "phasesweep " + made))
+        if when:
+            rows.append(("launch time", when))
+    rows.append(
+        (
+            "wall time",
+            f"{duration(p.wall_seconds)} summed over chunks, "
+            f"{duration(p.span_seconds)} from first start to last finish",
+        )
+    )
+    rows.append(("devices", html.escape(", ".join(p.devices)) or "unknown"))
+    rows.append(
+        ("nodes", html.escape(", ".join(p.nodes)) if p.nodes else "no Ray node recorded (local)")
+    )
+    body = "".join(
+        f"<dt>{html.escape(k)}</dt><dd>{v if k != 'phasesweep' else html.escape(v)}</dd>"
+        for k, v in rows
+    )
+    return f'<dl class="prov" id="provenance">{body}</dl>'
+
+
 def report_html(
     sweep: str,
     *,
@@ -128,8 +281,9 @@ def report_html(
     figures: list[ReportFigure],
     plateau_counts: pd.DataFrame | None = None,
     description: str = "",
+    provenance: Provenance | None = None,
 ) -> str:
-    """The report page (a complete HTML document) from its parts."""
+    """The report page (a complete HTML document) from its parts; empty tables are left out."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "<!DOCTYPE html>",
@@ -137,26 +291,40 @@ def report_html(
         f"<title>phasesweep report — {html.escape(sweep)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>Sweep <code>{html.escape(sweep)}</code></h1>",
-        f'<p class="meta">{html.escape(description)} — generated {now} by phasesweep</p>',
-        "<h2>Runs</h2>",
-        '<div class="counts">',
-        "<div><h3>By status</h3>" + _table(status_counts, "status-counts", ("status",)) + "</div>",
-        "<div><h3>By regime</h3>" + _table(regime_counts, "regime-counts", ("regime",)) + "</div>",
     ]
-    if plateau_counts is not None and len(plateau_counts):
+    if description:
+        parts.append(f'<p class="meta" id="description">{html.escape(description)}</p>')
+    if provenance is not None:
+        parts.append(_provenance_html(provenance))
+    else:
+        parts.append(f'<p class="meta">generated {now} by phasesweep</p>')
+    header = spec_header(spec_text)
+    if header:
         parts.append(
-            "<div><h3>Plateaus per run</h3>" + _table(plateau_counts, "plateau-counts") + "</div>"
+            "<details open><summary>About this sweep (the spec's header)</summary>"
+            f'<pre id="spec-header">{html.escape(header)}</pre></details>'
         )
-    parts.append("</div>")
+    counts = [
+        ("By status", status_counts, "status-counts", ("status",)),
+        ("By regime", regime_counts, "regime-counts", ("regime",)),
+        ("Plateaus per run", plateau_counts, "plateau-counts", ()),
+    ]
+    counts = [c for c in counts if c[1] is not None and len(c[1])]
+    if counts:
+        parts += ["<h2>Runs</h2>", '<div class="counts">']
+        parts += [f"<div><h3>{t}</h3>{_table(df, i, left)}</div>" for t, df, i, left in counts]
+        parts.append("</div>")
     parts.append("<h2>Figures</h2>")
     if not figures:
         parts.append("<p>No figures (nothing to draw).</p>")
     for f in figures:
         b64 = base64.b64encode(f.png).decode("ascii")
+        link = f' <a href="{html.escape(f.svg)}">SVG</a>' if f.svg else ""
         parts.append(
             f'<figure id="fig-{html.escape(f.name)}">'
             f'<img alt="{html.escape(f.name)}" src="data:image/png;base64,{b64}">'
-            f"<figcaption><b>{html.escape(f.name)}</b> {html.escape(f.caption)}</figcaption>"
+            f"<figcaption><b>{html.escape(f.name)}</b> {html.escape(f.caption)}{link}"
+            "</figcaption>"
         )
         if f.sql:
             parts.append(
@@ -164,15 +332,16 @@ def report_html(
                 f"<pre>{html.escape(f.sql)}</pre></details>"
             )
         parts.append("</figure>")
-    parts.append("<h2>Fitted slopes of the escape time</h2>")
-    parts.append(
-        "<p>Per depth (and group of the other grid axes): the slope of the escape time "
-        "vs the init scale α, with its confidence interval over seeds, and the theory's "
-        "slope where it gives one.</p>"
-    )
-    parts.append(
-        _table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory", "note"))
-    )
+    if len(fits):
+        parts.append("<h2>Fitted slopes of the escape time</h2>")
+        parts.append(
+            "<p>Per depth (and group of the other grid axes): the slope of the escape time "
+            "vs the init scale α, with its confidence interval over seeds, and the theory's "
+            "slope where it gives one.</p>"
+        )
+        parts.append(
+            _table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory", "note"))
+        )
     parts.append("<h2>Spec</h2>")
     parts.append(
         f'<pre id="spec">{html.escape(spec_text) if spec_text else "(no spec stored)"}</pre>'
@@ -181,78 +350,72 @@ def report_html(
     return "\n".join(parts)
 
 
-_CAPTIONS = {
-    "phase_diagram": "Colour: final order parameter, mean over seeds; red contour: the "
-    "lazy/rich threshold; hatched grey: every run of the cell diverged.",
-    "escape_time": "Markers: geometric mean over seeds (bars: min–max); solid: fitted laws; "
-    "dotted: theory slopes drawn through the data's centre (slope only).",
-    "loss_curves": "Train loss vs gradient-flow time, log–log, coloured by init scale; "
-    "shaded boxes: detected plateaus (time span × level ±25 %).",
-    "singular_values": "Top singular values of each layer (top row: W_l(t); bottom row: "
-    "W_l(t) − W_l(0)).",
-    "transversal": "Final transversal variation mean ‖P⊥ ∇ₓf‖² vs noise σ, by depth "
-    "(mean ± sd over seeds).",
-}
-
-
-def report(store, sweep: str, out_dir: Path | str | None = None) -> Path:
+def report(
+    store,
+    sweep: str,
+    out_dir: Path | str | None = None,
+    *,
+    launch: dict | None = None,
+    command: Sequence[str] | None = None,
+) -> Path:
     """Write ``report.html`` for ``sweep`` into ``out_dir`` (default: the figures folder).
 
     ``store``: a ``storage.Store`` or URI. Regenerates the figures (as ``plot``)
-    into the same folder, running ``analyze`` first if the sweep has no summaries.
-    Returns the path of the page.
+    into the same folder, running ``analyze`` first if the sweep has no summaries;
+    a figure that cannot be drawn is left out with a warning. The catalog is opened
+    once (twice when the sweep must be analyzed first) and the spec loaded once.
+    ``launch``: the launch record of the sweep (keys ``argv``, ``version``,
+    ``commit``, ``started_at``, ``finished_at``), shown when given; ``command``: the
+    command line that makes the report (default ``sys.argv``). Returns the page's path.
     """
-    from phasesweep.analysis.analyze import load_spec
-    from phasesweep.analysis.plotting import default_out_dir, render_store
-    from phasesweep.storage import Store, open_catalog
+    from phasesweep.analysis.output import prepare_dir, write_file
+    from phasesweep.analysis.plotting import default_out_dir, open_sweep, render_all, upload
+    from phasesweep.storage.store import as_store
 
-    store = store if isinstance(store, Store) else Store.open(store)
+    store = as_store(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
-    rendered = render_store(store, sweep, out)
-    spec = load_spec(store, sweep)
-    con = open_catalog(store)
-    try:
-        status = con.execute(
+    prepare_dir(out, create=False)
+    with open_sweep(store, sweep) as ctx:
+        rendered = render_all(ctx, out)
+        con = ctx.con
+        status = ctx.df(
             "SELECT status, count(*) AS runs FROM runs WHERE sweep = ? GROUP BY status "
-            "ORDER BY runs DESC, status",
-            [sweep],
-        ).df()
-        regimes = con.execute(
+            "ORDER BY runs DESC, status"
+        )
+        regimes = ctx.df(
             "SELECT coalesce(s.regime, '(none)') AS regime, count(*) AS runs "
             "FROM runs r LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            "WHERE r.sweep = ? GROUP BY 1 ORDER BY runs DESC, regime",
-            [sweep],
-        ).df()
-        plateau_counts = con.execute(
+            "WHERE r.sweep = ? GROUP BY 1 ORDER BY runs DESC, regime"
+        )
+        plateau_counts = ctx.df(
             "SELECT n_plateaus AS plateaus, count(*) AS runs FROM summaries "
-            "WHERE sweep = ? AND n_plateaus IS NOT NULL GROUP BY 1 ORDER BY 1",
-            [sweep],
-        ).df()
-        fits = con.execute("SELECT * FROM scaling_fits WHERE sweep = ?", [sweep]).df()
-    finally:
-        con.close()
+            "WHERE sweep = ? AND n_plateaus IS NOT NULL GROUP BY 1 ORDER BY 1"
+        )
+        fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
+        prov = provenance(con, sweep, command, launch)
+        spec, spec_text = ctx.spec, ctx.spec_text
     figs = [
         ReportFigure(
             r.name,
             next(p for p in r.paths if p.suffix == ".png").read_bytes(),
-            _CAPTIONS.get(r.spec.kind, ""),
+            r.caption,
             r.sql,
+            next((p.name for p in r.paths if p.suffix == ".svg"), None),
         )
         for r in rendered
     ]
     text = report_html(
         sweep,
-        spec_text=store.read_spec(sweep),
+        spec_text=spec_text,
         status_counts=status,
         regime_counts=regimes,
         fits=fits,
         figures=figs,
         plateau_counts=plateau_counts,
         description=spec.description if spec is not None else "",
+        provenance=prov,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    page = out / "report.html"
-    page.write_text(text, encoding="utf-8")
+    page = write_file(prepare_dir(out), "report.html", text.encode("utf-8"))
     if out_dir is None and not store.is_local:
-        store.fs.put_file(str(page), f"{store.root}/figures/{sweep}/report.html")
+        upload(store, sweep, [page])
     return page

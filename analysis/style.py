@@ -6,6 +6,7 @@ figures render on headless machines and in Ray workers.
 
 from __future__ import annotations
 
+import io
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -103,13 +104,20 @@ def palette(n: int) -> list:
 
 
 def save(fig: plt.Figure, out_dir: Path | str, name: str) -> list[Path]:
-    """Write ``NAME.png`` and ``NAME.svg`` into ``out_dir``; close the figure; return the paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write ``NAME.png`` and ``NAME.svg`` into ``out_dir``; close the figure; return the paths.
+
+    Each file is written atomically and never through a symbolic link
+    (:mod:`analysis.output`).
+    """
+    from phasesweep.analysis.output import prepare_dir, write_file
+
+    out = prepare_dir(out_dir)
     paths = []
-    for ext in ("png", "svg"):
-        p = out / f"{name}.{ext}"
-        fig.savefig(p, format=ext, metadata={"Date": None} if ext == "svg" else None)
-        paths.append(p)
-    plt.close(fig)
+    try:
+        for ext in ("png", "svg"):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=ext, metadata={"Date": None} if ext == "svg" else None)
+            paths.append(write_file(out, f"{name}.{ext}", buf.getvalue()))
+    finally:
+        plt.close(fig)
     return paths

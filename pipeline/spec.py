@@ -361,7 +361,10 @@ class AnalysisConfig(_Section):
 class PlotSpec(_Section):
     """One figure of ``phasesweep plot``; unset fields are chosen from the swept axes."""
 
-    kind: Literal["phase_diagram", "escape_time", "loss_curves", "singular_values", "transversal"]
+    #: a figure kind registered in ``analysis.figures`` (phase_diagram, escape_time,
+    #: loss_curves, singular_values, transversal, ...); checked against the registry when
+    #: the figures are drawn (``analysis.plotting.check_plots`` checks it before a launch).
+    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
     x: str | None = None
     y: str | None = None
     value: str | None = None

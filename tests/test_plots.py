@@ -8,17 +8,18 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import analyze, phase_diagram_sql, plot
+from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
+from phasesweep.analysis.calibration import synthetic_sweep
 from phasesweep.analysis.figures import (
     escape_time_figure,
     loss_curves_figure,
     phase_diagram_figure,
     transversal_figure,
 )
-from phasesweep.analysis.plotting import default_plots, render_all, resolve, swept_axes
+from phasesweep.analysis.plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis.style import fmt, save
 from phasesweep.pipeline.spec import PlotSpec, SpecError, validate_spec
-from phasesweep.storage import open_catalog
+from phasesweep.storage import Store, open_catalog
 
 SWEEP = "figs"
 GRID = {
@@ -90,7 +91,7 @@ def test_plots_section_of_the_spec(store, tmp_path):
         }
     )
     con = open_catalog(store)
-    done = render_all(con, SWEEP, spec, tmp_path)
+    done = render_all(context(con, SWEEP, spec), tmp_path)
     assert [r.name for r in done] == [
         "pd_small",
         "loss_curves",
@@ -109,13 +110,15 @@ def test_plots_section_of_the_spec(store, tmp_path):
             (_check_png if p.suffix == ".png" else _check_svg)(p)
 
 
-def test_defaults_from_swept_axes(store):
+def test_defaults_from_swept_axes(store, tmp_path):
     con = open_catalog(store)
+    analyze(store, SWEEP)
     runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [SWEEP]).df()
     spec = validate_spec({"name": SWEEP, "grid": GRID})
     axes = swept_axes(runs, spec)
     assert axes == ["init_scale", "width", "depth", "noise_sigma"]
-    kinds = [p.kind for p in default_plots(axes)]
+    ctx = context(open_catalog(store), SWEEP, spec)
+    kinds = [p.kind for p in default_plots(ctx)]
     assert kinds == [
         "phase_diagram",
         "escape_time",
@@ -123,7 +126,7 @@ def test_defaults_from_swept_axes(store):
         "singular_values",
         "transversal",
     ]
-    pd_ = resolve(PlotSpec(kind="phase_diagram"), axes, runs)
+    pd_ = figures.get("phase_diagram").resolve(PlotSpec(kind="phase_diagram"), ctx)
     assert (pd_.x, pd_.y, pd_.facet, pd_.value) == (
         "init_scale",
         "width",
@@ -131,11 +134,15 @@ def test_defaults_from_swept_axes(store):
         "kernel_distance",
     )
     assert pd_.where == "noise_sigma = 0.0"  # the other swept axis is fixed
-    lc = resolve(PlotSpec(kind="loss_curves"), axes, runs)
+    lc = figures.get("loss_curves").resolve(PlotSpec(kind="loss_curves"), ctx)
     assert (lc.hue, lc.facet) == ("init_scale", "depth")
     assert lc.where == "seed = 0 AND width = 256 AND noise_sigma = 0.0"
-    # only one swept axis: no phase diagram, no transversal figure
-    assert [p.kind for p in default_plots(["init_scale"], has_layers=False)] == [
+    # only one swept axis: no phase diagram, no transversal figure; no spectra: no singular
+    # values
+    tables = synthetic_sweep(init_scales=[1e-2, 1e-1], widths=[16], depths=[2], seeds=[0])
+    one = Store.open(str(tmp_path / "one"))
+    one.write_chunk("one", "c0", {k: tables[k] for k in ("runs", "trajectories")})
+    assert [p.kind for p in default_plots(context(open_catalog(one), "one", None))] == [
         "escape_time",
         "loss_curves",
     ]
@@ -154,7 +161,7 @@ def test_bad_plot_specs_name_the_key(store, tmp_path, plot, key):
     analyze(store, SWEEP)
     spec = validate_spec({"name": SWEEP, "grid": GRID, "plots": [plot]})
     with pytest.raises(SpecError) as e:
-        render_all(open_catalog(store), SWEEP, spec, tmp_path)
+        render_all(context(open_catalog(store), SWEEP, spec), tmp_path)
     assert e.value.key == key
     assert not list(tmp_path.iterdir())
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from phasesweep.analysis import report
 from phasesweep.analysis.report import ReportFigure, report_html
 from phasesweep.storage import open_catalog
@@ -160,3 +161,152 @@ def test_report_in_headless_browser(page):
     assert title == f"phasesweep report — {SWEEP}"
     assert width <= 1280  # no horizontal overflow: figures scale to the page
     assert errors == [] and failed == []
+
+
+# --------------------------------------------------------------------------- provenance
+
+PROV_GRID = {"init_scale": [1e-3, 1e-2, 1e-1], "width": [16], "depth": [2, 3], "seed": [0]}
+HEADER = "# Provenance test: two chunks on two nodes.\n#\n# Expected: nothing <special>.\n"
+
+
+@pytest.fixture(scope="module")
+def prov_store(tmp_path_factory):
+    """Two chunks with known wall times, finish times, devices and nodes."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+    from phasesweep.analysis.calibration import synthetic_sweep
+    from phasesweep.storage import Store
+
+    st = Store.open(str(tmp_path_factory.mktemp("prov")))
+    t0 = datetime(2026, 1, 2, 10, 0, 0, tzinfo=timezone.utc)
+    chunks = [  # depth, chunk wall seconds, finished, device, node
+        (2, 60.0, t0, "cpu", "node-a"),
+        (3, 120.0, t0 + timedelta(minutes=5), "cuda:0", "node-b"),
+    ]
+    for depth, wall, done, device, node in chunks:
+        grid = dict(PROV_GRID, depth=[depth])
+        tables = synthetic_sweep(
+            init_scales=grid["init_scale"],
+            widths=grid["width"],
+            depths=grid["depth"],
+            seeds=grid["seed"],
+            steps=10**5,
+        )
+        runs = tables["runs"]
+        n = runs.num_rows
+        for name, values in (
+            ("wall_seconds", [wall / n] * n),
+            ("chunk_wall_seconds", [wall] * n),
+            ("finished_at", [done] * n),
+            ("device", [device] * n),
+            ("node_id", [node] * n),
+            ("run_id", [f"d{depth}-{r}" for r in runs.column("run_id").to_pylist()]),
+        ):
+            i = runs.schema.get_field_index(name)
+            runs = runs.set_column(
+                i, runs.schema.field(i), pa.array(values, runs.schema.field(i).type)
+            )
+        tables["runs"] = runs
+        for t in ("trajectories", "layers"):
+            ids = [f"d{depth}-{r}" for r in tables[t].column("run_id").to_pylist()]
+            i = tables[t].schema.get_field_index("run_id")
+            tables[t] = tables[t].set_column(i, "run_id", pa.array(ids, pa.string()))
+        st.write_chunk("prov", f"c{depth}", tables)
+    spec = {"name": "prov", "description": "provenance <check>", "grid": PROV_GRID}
+    st.write_spec("prov", HEADER + yaml.safe_dump(spec))
+    return st
+
+
+def test_report_states_its_provenance(prov_store, tmp_path):
+    import subprocess
+
+    from phasesweep.analysis.report import duration
+
+    import phasesweep
+
+    launch = {
+        "argv": ["phasesweep", "run", "sweeps/prov.yaml", "--set", "train.steps=10"],
+        "version": "9.9.9",
+        "commit": "abc123",
+        "started_at": "2026-01-02T09:59:00Z",
+        "finished_at": "2026-01-02T10:05:00Z",
+    }
+    page = report(
+        prov_store,
+        "prov",
+        tmp_path,
+        launch=launch,
+        command=["phasesweep", "report", "prov", "--out", "x y"],
+    )
+    text = page.read_text(encoding="utf-8")
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=Path(phasesweep.__file__).parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert f"{phasesweep.__version__} (commit {head}" in text
+    assert "<code>phasesweep report prov --out &#x27;x y&#x27;</code>" in text
+    # the launch's own command line, version and commit
+    assert (
+        '<code id="launch-argv">phasesweep run sweeps/prov.yaml --set train.steps=10</code>' in text
+    )
+    assert "phasesweep version 9.9.9, commit abc123" in text
+    assert "2026-01-02T09:59:00Z → 2026-01-02T10:05:00Z" in text
+    # wall time: 60 + 120 s summed; first start 09:59 (10:00 - 60 s) to last finish 10:05
+    assert duration(180.0) == "3 min 00 s" and duration(360.0) == "6 min 00 s"
+    assert "3 min 00 s summed over chunks, 6 min 00 s from first start to last finish" in text
+    assert "<dd>cpu, cuda:0</dd>" in text and "<dd>node-a, node-b</dd>" in text
+    # the spec's header comment and description
+    assert "Provenance test: two chunks on two nodes.\n\nExpected: nothing &lt;special&gt;." in text
+    assert 'id="description">provenance &lt;check&gt;</p>' in text
+    # links to the SVGs beside the page
+    links = re.findall(r'href="([^"]+\.svg)"', text)
+    assert links and all((tmp_path / link).is_file() for link in links)
+
+
+def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
+    from phasesweep.analysis.report import code_commit
+
+    import phasesweep
+
+    outside = tmp_path / "site-packages" / "phasesweep"
+    outside.mkdir(parents=True)
+    (outside / "__init__.py").write_text("")
+    monkeypatch.setattr(phasesweep, "__file__", str(outside / "__init__.py"))
+    assert code_commit() == "unknown"
+    text = report(prov_store, "prov", tmp_path / "out").read_text(encoding="utf-8")
+    assert "(commit unknown)" in text and "launch-argv" not in text
+
+
+def test_report_opens_the_catalog_once_and_reads_the_spec_once(prov_store, tmp_path, monkeypatch):
+    import phasesweep.storage as storage
+
+    report(prov_store, "prov", tmp_path / "warm")  # analyzed now
+    opened, reads = [], []
+    real_open, real_read = storage.open_catalog, type(prov_store).read_spec
+    monkeypatch.setattr(storage, "open_catalog", lambda *a: opened.append(1) or real_open(*a))
+    monkeypatch.setattr(
+        type(prov_store), "read_spec", lambda self, s: reads.append(s) or real_read(self, s)
+    )
+    report(prov_store, "prov", tmp_path / "again")
+    assert len(opened) == 1 and reads == ["prov"]
+
+
+def test_report_omits_empty_tables():
+    empty = pd.DataFrame(columns=["x", "runs"])
+    html = report_html(
+        "s",
+        spec_text=None,
+        status_counts=pd.DataFrame({"status": ["completed"], "runs": [3]}),
+        regime_counts=empty,
+        fits=pd.DataFrame(),
+        figures=[ReportFigure("f", b"\x89PNG", "cap", None, "f.svg")],
+        plateau_counts=empty,
+    )
+    assert 'id="status-counts"' in html
+    for gone in ("regime-counts", "plateau-counts", "slope-table", "Fitted slopes"):
+        assert gone not in html
+    assert '<a href="f.svg">SVG</a>' in html

@@ -1,0 +1,290 @@
+"""What every figure kind is made of, and the helpers they share.
+
+A kind (one module of this package each) is a :class:`FigureKind`: it says when it
+is among a sweep's default figures, fills the unset fields of its ``PlotSpec`` from
+the swept axes (:meth:`~FigureKind.resolve`), loads its frames from the catalog
+(:meth:`~FigureKind.query`) and draws them (:meth:`~FigureKind.draw`), and carries
+its caption for the report. A figure that cannot be drawn raises
+:class:`Unavailable` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from matplotlib import pyplot as plt
+from matplotlib import ticker as mticker
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from phasesweep.analysis import style
+from phasesweep.analysis.phase import AXES
+from phasesweep.pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
+
+#: swept axes that may serve as second axis / hue / facet, in order of preference.
+Y_PREFERENCE = ("width", "depth", "noise_sigma", "lr", "n_train", "activation", "leaky_slope")
+
+
+class Unavailable(Exception):
+    """This figure cannot be drawn from this sweep's data; ``str(e)`` says why, in one line."""
+
+
+@dataclass
+class Context:
+    """One sweep as the figures see it: an open catalog, the stored spec, its runs.
+
+    Built once per ``plot``/``report`` call (:func:`analysis.plotting.context`) and
+    passed to every figure, so the catalog is opened and the spec loaded once.
+    ``axes``: the swept ``runs`` columns besides the seed, in grid order.
+    """
+
+    con: Any  # duckdb.DuckDBPyConnection
+    sweep: str
+    spec: SweepSpec | None
+    runs: pd.DataFrame
+    axes: list[str]
+    #: the spec as stored (YAML text), where the context was made from a store.
+    spec_text: str | None = None
+    _counts: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def cfg(self) -> AnalysisConfig:
+        return self.spec.analysis if self.spec is not None else AnalysisConfig()
+
+    def count(self, sql: str) -> int:
+        """``SELECT count(*) ... WHERE sweep = ? AND ...`` for this sweep, memoised by ``sql``."""
+        if sql not in self._counts:
+            self._counts[sql] = int(self.con.execute(sql, [self.sweep]).fetchone()[0])
+        return self._counts[sql]
+
+    def df(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        """Rows of ``sql``; its first ``?`` is this sweep, then ``params``."""
+        return self.con.execute(sql, [self.sweep, *(params or [])]).df()
+
+
+class FigureKind:
+    """One kind of figure. Subclasses set ``kind``, ``caption``, ``order`` and override
+    :meth:`query` and :meth:`draw` (and :meth:`default`, :meth:`resolve` as needed)."""
+
+    #: the ``kind:`` of a ``plots:`` entry.
+    kind: ClassVar[str]
+    #: the report's caption: how to read the figure.
+    caption: ClassVar[str] = ""
+    #: position among the default figures (smaller first).
+    order: ClassVar[int] = 100
+    #: PlotSpec fields this kind reads; others given in a spec are errors.
+    fields: ClassVar[tuple[str, ...]] = ("where", "name", "title")
+
+    def default(self, ctx: Context) -> PlotSpec | None:
+        """This kind's entry among the default figures of ``ctx``'s sweep, or None."""
+        return None
+
+    def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
+        """``p`` with its unset fields chosen from the swept axes."""
+        return p
+
+    def check(self, p: PlotSpec, key: str) -> None:
+        """Raise ``SpecError`` (``key.FIELD``) for a field this kind cannot draw."""
+        for name in ("x", "y", "facet", "hue"):
+            v = getattr(p, name)
+            if v is not None and v not in AXES:
+                raise SpecError(f"{key}.{name}", v, f"not a runs axis; known: {', '.join(AXES)}")
+        for name in ("x", "y", "value", "hue", "facet"):
+            if getattr(p, name) is not None and name not in self.fields:
+                raise SpecError(f"{key}.{name}", getattr(p, name), f"not used by {self.kind}")
+
+    def name(self, p: PlotSpec) -> str:
+        """File name stem of the figure."""
+        return p.name or self.kind
+
+    def sql(self, p: PlotSpec, ctx: Context) -> str | None:
+        """The single query behind the figure, where there is one (shown in the report)."""
+        return None
+
+    def query(self, p: PlotSpec, ctx: Context) -> Any:
+        """The frames :meth:`draw` needs (raises :class:`Unavailable` if there are none)."""
+        raise NotImplementedError
+
+    def draw(self, data: Any, p: PlotSpec, ax: Axes | None = None) -> Figure:
+        """Draw ``data`` (from :meth:`query`) into ``ax``'s place, or a new figure."""
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def py(v: Any) -> Any:
+    """A numpy scalar as a Python one (for SQL literals)."""
+    return v.item() if hasattr(v, "item") else v
+
+
+def literal(v: Any) -> str:
+    """``v`` as an SQL literal."""
+    v = py(v)
+    return "'" + v.replace("'", "''") + "'" if isinstance(v, str) else repr(v)
+
+
+def fixed_where(ctx: Context, free: set[str], where: str | None = None) -> str | None:
+    """A condition fixing every swept axis not in ``free`` (and the seed unless free) to one
+    value, joined with the user's ``where``. Axes the user's ``where`` names stay as given."""
+    if where is not None:
+        return where
+    runs = ctx.runs
+    conds = []
+    if "seed" not in free and "seed" in runs and runs["seed"].notna().any():
+        conds.append(f"seed = {int(runs['seed'].min())}")
+    for a in ctx.axes:
+        if a in free or a not in runs:
+            continue
+        vals = runs[a].dropna()
+        if vals.empty:
+            continue
+        v = vals.max() if a in ("width", "n_train") else sorted(vals.unique())[0]
+        conds.append(f"{a} = {literal(v)}")
+    return " AND ".join(conds) or None
+
+
+def first_free(ctx: Context, prefer: tuple[str, ...], taken: set[str], where: str | None):
+    """The first swept axis of ``prefer`` (then of the swept axes) not in ``taken`` and not
+    named by the user's ``where``; None if every swept axis is taken."""
+    for a in (*prefer, *ctx.axes):
+        if a in ctx.axes and a not in taken and not (where and a in where):
+            return a
+    return None
+
+
+def in_runs(where: str | None) -> str:
+    """SQL condition (alias-free) selecting the sweep's runs matching ``where``; its one
+    ``?`` is the sweep."""
+    cond = "sweep = ?" + (f" AND ({where})" if where else "")
+    return f"run_id IN (SELECT run_id FROM runs WHERE {cond})"
+
+
+def subtitle(where: str | None) -> str:
+    return f" [{where}]" if where else ""
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def wrap(text: str, width_in: float, size: float = 12) -> str:
+    """``text`` wrapped to fit a figure ``width_in`` inches wide at font ``size``."""
+    chars = max(int(width_in * 72 / (0.55 * size)), 20)
+    return "\n".join(textwrap.wrap(text, chars))
+
+
+def grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
+    """(rows, columns) of a grid of ``n`` panels, at most ``max_cols`` wide, with the fewest
+    empty cells (the widest such grid): 4 panels of at most 3 columns are 2 x 2, 5 are 2 x 3."""
+    n = max(n, 1)
+    if n <= max_cols:
+        return 1, n
+    widths = range(max_cols, (max_cols + 1) // 2 - 1, -1)
+    cols = min(widths, key=lambda c: -(-n // c) * c - n)
+    return -(-n // cols), cols
+
+
+def canvas(
+    ax: Axes | None, nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw
+) -> tuple[Figure, np.ndarray]:
+    """A (nrows, ncols) array of panels: in a new figure of ``figsize``, or in the place
+    of ``ax`` (which is reused when one panel is enough, else replaced by the grid)."""
+    if ax is None:
+        fig, axes = plt.subplots(
+            nrows, ncols, figsize=figsize, squeeze=False, layout="constrained", **subplot_kw
+        )
+        return fig, axes
+    fig = ax.figure
+    if nrows * ncols == 1:
+        return fig, np.array([[ax]])
+    spec = ax.get_subplotspec()
+    if spec is None:
+        raise ValueError("ax must be a subplot (made by subplots or add_subplot) to hold a grid")
+    ax.remove()
+    sub = spec.subgridspec(nrows, ncols)
+    share = {k: v for k, v in subplot_kw.items() if k in ("sharex", "sharey")}
+    axes = np.empty((nrows, ncols), dtype=object)
+    for i in range(nrows):
+        for j in range(ncols):
+            kw = {}
+            for k, v in share.items():
+                if v is True and (i or j):
+                    kw[k] = axes[0][0]
+            axes[i][j] = fig.add_subplot(sub[i, j], **kw)
+    return fig, axes
+
+
+def hide_unused(axes: np.ndarray, used: int) -> None:
+    """Hide the panels after the first ``used`` (a grid bigger than the facets)."""
+    flat = axes.ravel()
+    for a in flat[used:]:
+        a.set_visible(False)
+
+
+def finish(
+    fig: Figure,
+    axes: np.ndarray,
+    own: bool,
+    title: str,
+    handles: list | None = None,
+    legend_kw: dict | None = None,
+) -> None:
+    """Title and legend: the figure's own when it was created here, else the panels'
+    (a caller's figure keeps its title; a legend goes on the last visible panel)."""
+    handles = handles or []
+    legend_kw = dict(frameon=False, **(legend_kw or {}))
+    if own:
+        if handles:
+            legend_kw.setdefault("loc", "outside lower center")
+            fig.legend(handles=handles, **legend_kw)
+        fig.suptitle(wrap(title, fig.get_figwidth(), size=15))
+        return
+    visible = [a for a in axes.ravel() if a.get_visible()]
+    if handles and visible:
+        legend_kw.pop("loc", None)
+        legend_kw.pop("ncols", None)
+        visible[-1].legend(handles=handles, fontsize="small", **legend_kw)
+    if len(visible) == 1 and not visible[0].get_title():
+        visible[0].set_title(wrap(title, visible[0].bbox.width / fig.dpi), fontsize="medium")
+
+
+def plain_log_labels(ax: Axes, axis: str = "y") -> None:
+    """Plain numbers (0.2, 0.5) on a log ``axis`` spanning less than a decade, where the
+    default labels only the powers of ten (often none)."""
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if lo > 0 and hi / lo < 10:
+        target = ax.yaxis if axis == "y" else ax.xaxis
+        target.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
+        target.set_minor_formatter(mticker.FormatStrFormatter("%.2g"))
+
+
+def log_ok(values) -> bool:
+    """Whether ``values`` (finite ones) are all positive, so a log axis shows them all."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    return len(v) > 0 and bool((v > 0).all())
+
+
+def spans_decades(values, decades: float = 2.0) -> bool:
+    """Whether the positive finite ``values`` span more than ``decades`` decades."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    return len(v) > 1 and float(np.log10(v.max() / v.min())) > decades
+
+
+def hue_colors(values) -> dict:
+    """One categorical colour per distinct value, in sorted order."""
+    vals = sorted(pd.unique(pd.Series(values).dropna()), key=_sort_key)
+    return dict(zip(vals, style.palette(max(len(vals), 1))))
+
+
+def _sort_key(v):
+    return (0, float(v), "") if isinstance(v, (int, float, np.number)) else (1, 0.0, str(v))
+
+
+def sorted_values(values) -> list:
+    """The distinct non-NULL values, numbers before strings, each sorted."""
+    return sorted(pd.unique(pd.Series(values).dropna()), key=_sort_key)

@@ -1,0 +1,262 @@
+"""Escape time vs init scale on log axes, with the fitted scaling laws and theory slopes.
+
+One colour per value of ``hue`` (depth by default, else the next swept axis), one
+panel per value of ``facet`` (the next swept axis): every swept axis is drawn,
+none is silently fixed to one value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from phasesweep.analysis import style
+from phasesweep.analysis.figures._kind import (
+    Context,
+    FigureKind,
+    Unavailable,
+    canvas,
+    finish,
+    first_free,
+    fixed_where,
+    grid_shape,
+    hide_unused,
+    hue_colors,
+    in_runs,
+    sorted_values,
+    subtitle,
+)
+from phasesweep.analysis.style import fmt, label, short_label
+from phasesweep.pipeline.spec import PlotSpec, SpecError
+
+#: runs columns the scaling fits are grouped by (besides depth), see analysis.analyze.
+_FIT_GROUPS = ("width", "activation", "noise_sigma", "lr")
+
+
+def _geo_center(a: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    return float(np.exp(np.mean(np.log(a)))), float(np.exp(np.mean(np.log(t))))
+
+
+def matching_fits(fits: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The ``scaling_fits`` rows whose group (depth and the group axes) is one of ``runs``'."""
+    if fits.empty or runs.empty:
+        return fits.iloc[:0]
+    keep = np.ones(len(fits), dtype=bool)
+    for c in ("depth", *_FIT_GROUPS):
+        if c not in fits or c not in runs:
+            continue
+        vals = set(runs[c].dropna().tolist())
+        col = fits[c]
+        keep &= col.isna().to_numpy() | col.isin(vals).to_numpy()
+    return fits[keep]
+
+
+def _draw_group(ax, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict) -> list[str]:
+    """Points, fits and theory guide of one colour group; returns its legend text."""
+    ax.scatter(g["init_scale"], g["escape_time"], s=9, color=c, alpha=0.35, lw=0)
+    agg = (
+        g.groupby("init_scale")
+        .agg(
+            gm=("escape_time", lambda v: float(np.exp(np.log(v).mean()))),
+            lo=("escape_time", "min"),
+            hi=("escape_time", "max"),
+            in_fit=("in_fit", "all"),
+        )
+        .reset_index()
+    )
+    for in_fit, a in agg.groupby("in_fit"):
+        drawn["hollow"] |= not in_fit
+        ax.errorbar(
+            a["init_scale"],
+            a["gm"],
+            yerr=[(a["gm"] - a["lo"]).clip(lower=0), (a["hi"] - a["gm"]).clip(lower=0)],
+            fmt="o",
+            ms=5.5,
+            color=c,
+            mfc=c if in_fit else "white",
+            mec=c,
+            capsize=2,
+            lw=1,
+        )
+    text = []
+    center = None
+    power = fits[(fits["x"] == "log_init_scale") & fits["slope"].notna()]
+    if len(power) == 0 and (fits["x"] == "log_init_scale").any():
+        text.append("no fit (too few decades or seeds)")
+    if len(power):
+        f = power.iloc[0]
+        a = np.geomspace(f["init_scale_min"], f["init_scale_max"], 50)
+        ax.plot(a, np.exp(f["intercept"]) * a ** f["slope"], color=c, lw=2)
+        ci = f" [{f['ci_low']:.2f}, {f['ci_high']:.2f}]" if pd.notna(f["ci_low"]) else ""
+        text.append(f"fit slope {f['slope']:.2f}{ci}")
+        a_c = float(np.sqrt(f["init_scale_min"] * f["init_scale_max"]))
+        center = (a_c, float(np.exp(f["intercept"]) * a_c ** f["slope"]), a)
+    logf = fits[(fits["x"] == "log_inv_init_scale") & fits["slope"].notna()]
+    if len(logf):
+        f = logf.iloc[0]
+        a = np.geomspace(f["init_scale_min"], f["init_scale_max"], 50)
+        ax.plot(a, f["intercept"] + f["slope"] * np.log(1 / a), color=c, lw=1.6, ls="--")
+        text.append(f"t ≈ {f['intercept']:.2g} + {f['slope']:.2g}·log(1/α)")
+    depths = g["depth"].dropna().unique()
+    if len(depths) != 1:
+        return text
+    d = int(depths[0])
+    if center is None:
+        gi = g[g["in_fit"] & ((g["init_scale"] < 1) if d == 2 else True)]
+        if len(gi):
+            a_c, t_c = _geo_center(gi["init_scale"].to_numpy(), gi["escape_time"].to_numpy())
+            center = (a_c, t_c, np.geomspace(gi["init_scale"].min(), gi["init_scale"].max(), 50))
+    if center is None:
+        return text
+    a_c, t_c, a = center
+    if d >= 3:
+        text.append(f"theory −{d - 2}")
+        ax.plot(a, t_c * (a / a_c) ** (-(d - 2)), color="0.3", lw=1.3, ls=":")
+        drawn["theory"] = True
+    elif d == 2:
+        a = a[a < 1]
+        if a_c < 1 and len(a):
+            text.append("theory ∝ log(1/α)")
+            ax.plot(a, t_c * np.log(1 / a) / np.log(1 / a_c), color="0.3", lw=1.3, ls=":")
+            drawn["theory"] = True
+    return text
+
+
+def escape_time_figure(
+    points: pd.DataFrame,
+    fits: pd.DataFrame | None = None,
+    *,
+    hue: str = "depth",
+    facet: str | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Escape time vs init scale on log axes, one colour per ``hue``, a panel per ``facet``.
+
+    ``points``: runs with ``depth, init_scale, seed, escape_time`` (+ ``hue``,
+    ``facet`` and the fit-group columns) and optionally ``in_fit`` (bool: the run
+    enters the scaling fit; the others are drawn hollow). Markers: the geometric
+    mean over seeds, bars: min-max over seeds, small dots: single seeds. Solid
+    lines: the fitted power laws from ``fits`` (scaling_fits rows of each colour's
+    group) over their fitted range; dashed: the fitted ``t = a + b log(1/α)``.
+    Dotted grey (a group of one depth L): the theory's slope -(L-2) (L >= 3) and,
+    for L = 2, the shape t ∝ log(1/α), drawn through the centre of the fit (or of
+    the fitted points): guides to the slope, not predictions of the level.
+    """
+    et = points["escape_time"].to_numpy(dtype=float, na_value=np.nan)
+    pts = points[np.isfinite(et) & (et > 0)].copy()
+    if "in_fit" not in pts:
+        pts["in_fit"] = True
+    if hue not in pts:
+        pts[hue] = "all"
+    colors = hue_colors(pts[hue])
+    facets = [None] if facet is None else sorted_values(pts[facet])
+    fits = fits if fits is not None else pd.DataFrame(columns=["depth", "x", "slope"])
+    drawn = {"hollow": False, "theory": False}
+    with style.theme():
+        nr, nc = grid_shape(len(facets))
+        fig, axes = canvas(ax, nr, nc, (6.0 * nc + 1.6, 4.8 * nr + 1.6), sharey=True)
+        handles = []
+        for k, fv in enumerate(facets):
+            a = axes.ravel()[k]
+            sub = pts if fv is None else pts[pts[facet] == fv]
+            for h, c in colors.items():
+                g = sub[sub[hue] == h]
+                if g.empty:
+                    continue
+                text = _draw_group(a, g, matching_fits(fits, g), c, drawn)
+                name = f"{short_label(hue)} {fmt(h)}"
+                if fv is not None:
+                    name = f"{short_label(facet)} {fmt(fv)}, {name}"
+                text = f"{name}:  {'; '.join(text)}" if text else name
+                handles.append(Line2D([], [], color=c, marker="o", lw=2, label=text))
+            a.set_xscale("log")
+            a.set_yscale("log")
+            a.set_xlabel(label("init_scale"))
+            if k % nc == 0:
+                a.set_ylabel(label("escape_time"))
+            if fv is not None:
+                a.set_title(f"{short_label(facet)} = {fmt(fv)}")
+            a.grid(True, which="major", alpha=0.3)
+        hide_unused(axes, len(facets))
+        if drawn["theory"]:
+            handles.append(
+                Line2D([], [], color="0.3", ls=":", lw=1.3, label="theory guide (slope only)")
+            )
+        if drawn["hollow"]:
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color="0.3",
+                    marker="o",
+                    mfc="white",
+                    ls="none",
+                    label="not fitted (no plateau, regime or init-scale range)",
+                )
+            )
+        finish(
+            fig,
+            axes,
+            ax is None,
+            title or "Escape time vs init scale",
+            handles,
+            {"ncols": 1 if len(handles) <= 6 else 2},
+        )
+    return fig
+
+
+class EscapeTime(FigureKind):
+    kind = "escape_time"
+    order = 20
+    fields = ("x", "hue", "facet", "where", "name", "title")
+    caption = (
+        "Markers: geometric mean over seeds (bars: min–max); solid: fitted laws; dotted: "
+        "theory slopes drawn through the data's centre (slope only)."
+    )
+
+    def default(self, ctx: Context) -> PlotSpec | None:
+        return PlotSpec(kind=self.kind) if "init_scale" in ctx.axes else None
+
+    def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
+        x = p.x or "init_scale"
+        hue = p.hue or first_free(ctx, ("depth",), {x}, p.where) or "depth"
+        facet = p.facet or first_free(ctx, (), {x, hue}, p.where)
+        where = fixed_where(ctx, {x, hue, facet, "seed"}, p.where)
+        return p.model_copy(update={"x": x, "hue": hue, "facet": facet, "where": where})
+
+    def check(self, p: PlotSpec, key: str) -> None:
+        super().check(p, key)
+        if p.x is not None and p.x != "init_scale":
+            raise SpecError(f"{key}.x", p.x, "escape times are drawn against init_scale")
+
+    def query(self, p: PlotSpec, ctx: Context) -> dict:
+        cols = ", ".join(
+            f"r.{c}" for c in dict.fromkeys(("depth", *_FIT_GROUPS, p.hue, p.facet)) if c
+        )
+        pts = ctx.df(
+            f"SELECT r.run_id, r.status, r.init_scale, r.seed, {cols}, s.escape_time, "
+            "s.regime, s.n_plateaus "
+            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)}",
+            [ctx.sweep],
+        )
+        if pts.empty:
+            raise Unavailable("no completed run with a summary (run analyze)")
+        if pts["escape_time"].notna().sum() == 0:
+            raise Unavailable("no run escaped (escape_time is NULL for every completed run)")
+        from phasesweep.analysis.analyze import fit_mask
+
+        pts["in_fit"] = fit_mask(pts, ctx.cfg)
+        fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
+        return {"points": pts, "fits": fits, "eps": ctx.cfg.escape_eps}
+
+    def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
+        cfg_eps = data.get("eps")
+        what = f"t where L = L0 − {cfg_eps:g}(L0 − L_end)" if cfg_eps else "escape time"
+        title = p.title or f"Escape time vs init scale ({what}){subtitle(p.where)}"
+        return escape_time_figure(
+            data["points"], data["fits"], hue=p.hue, facet=p.facet, title=title, ax=ax
+        )

@@ -1,0 +1,312 @@
+"""Phase diagram: a heatmap of a final value over two swept axes, mean over seeds.
+
+Its data is the single query of :func:`analysis.phase.phase_diagram_sql`. The
+colour scale is logarithmic where the cell values span more than two decades
+(order parameters of lazy runs reach round-off, 1e-16 ... 1e-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib import colors as mcolors
+from matplotlib import pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from phasesweep.analysis import style
+from phasesweep.analysis.figures._kind import (
+    Y_PREFERENCE,
+    Context,
+    FigureKind,
+    Unavailable,
+    canvas,
+    finish,
+    first_free,
+    fixed_where,
+    grid_shape,
+    hide_unused,
+    log_ok,
+    sorted_values,
+    spans_decades,
+    subtitle,
+)
+from phasesweep.analysis.phase import VALUES, phase_diagram_sql
+from phasesweep.analysis.style import fmt, label, short_label
+from phasesweep.pipeline.spec import PlotSpec, SpecError
+
+#: values that are 0 for a run that did not move: their linear scale starts at 0.
+_FROM_ZERO = ("kernel_distance", "param_rel_change", "act_flip_frac", "order_value")
+
+
+def phase_diagram_figure(
+    cells: pd.DataFrame,
+    *,
+    x: str,
+    y: str,
+    value: str,
+    threshold: float | None = None,
+    facet: str | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Heatmap of ``cells`` (rows of :func:`analysis.phase.phase_diagram_sql`).
+
+    Colour: the mean final ``value`` over a cell's completed runs, on a log scale
+    where the values span more than two decades (cells at or below 0 then take the
+    lowest colour, marked "≤ 0"). A contour at ``threshold`` separates lazy from
+    rich. Cells where every run diverged are hatched grey and labelled "div"; cells
+    where some diverged carry "k/n div". The legend lists only what is drawn.
+    ``ax``: draw in its place (facets split it into a grid) instead of a new figure.
+    """
+    facets = [None] if facet is None else sorted_values(cells["facet"])
+    xs = sorted_values(cells["x"])
+    ys = sorted_values(cells["y"])
+    vals = cells["value"].to_numpy(dtype=float, na_value=np.nan)
+    finite = vals[np.isfinite(vals)]
+    log = spans_decades(finite)
+    log_x = x in style.LOG_AXES and log_ok(xs)
+    if log:
+        pos = finite[finite > 0]
+        norm = mcolors.LogNorm(float(pos.min()), float(pos.max()))
+    else:
+        vmin = float(finite.min()) if len(finite) else 0.0
+        vmax = float(finite.max()) if len(finite) else 1.0
+        if value in _FROM_ZERO:
+            vmin = min(vmin, 0.0)
+        if vmax <= vmin:
+            vmax = vmin + 1.0
+        norm = mcolors.Normalize(vmin, vmax)
+    base = plt.get_cmap(style.SEQUENTIAL)
+    cmap = base.with_extremes(under=base(0.0))
+    drawn = {"diverged": False, "not_converged": False, "contour": False}
+
+    with style.theme():
+        nr, nc = grid_shape(len(facets))
+        cw = max(0.6 * len(xs), 3.6) + 1.4
+        ch = max(0.5 * len(ys), 2.6) + 1.0
+        width = max(cw * nc + 1.6, 7.5)
+        fig, axes = canvas(ax, nr, nc, (width, ch * nr + 1.2))
+        mesh = None
+        for k, fv in enumerate(facets):
+            a = axes.ravel()[k]
+            sub = cells if fv is None else cells[cells["facet"] == fv]
+            grid = np.full((len(ys), len(xs)), np.nan)
+            nrun = np.zeros_like(grid)
+            nconv = np.zeros(grid.shape, dtype=bool)
+            ndiv = np.zeros_like(grid)
+            for row in sub.itertuples(index=False):
+                if row.x not in xs or row.y not in ys:
+                    continue
+                i, j = ys.index(row.y), xs.index(row.x)
+                grid[i, j] = np.nan if pd.isna(row.value) else row.value
+                nrun[i, j] = row.n_runs
+                ndiv[i, j] = row.n_diverged
+                nconv[i, j] = getattr(row, "regime", None) == "not_converged"
+            shown = grid if not log else np.where(grid > 0, grid, norm.vmin * 0.5)
+            mesh = a.pcolormesh(
+                np.arange(len(xs) + 1),
+                np.arange(len(ys) + 1),
+                np.ma.masked_invalid(shown),
+                cmap=cmap,
+                norm=norm,
+                edgecolors="white",
+                linewidth=0.6,
+            )
+            annotate = len(xs) * len(ys) <= 120
+            for i in range(len(ys)):
+                for j in range(len(xs)):
+                    if nrun[i, j] == 0:
+                        continue
+                    if ndiv[i, j] == nrun[i, j]:
+                        drawn["diverged"] = True
+                        a.add_patch(
+                            Rectangle(
+                                (j, i),
+                                1,
+                                1,
+                                facecolor=style.DIVERGED_COLOR,
+                                hatch="xxx",
+                                edgecolor="white",
+                                linewidth=0.0,
+                            )
+                        )
+                        a.text(
+                            j + 0.5,
+                            i + 0.5,
+                            "div",
+                            ha="center",
+                            va="center",
+                            fontsize=8,
+                            fontweight="bold",
+                        )
+                        continue
+                    if nconv[i, j]:
+                        drawn["not_converged"] = True
+                        a.add_patch(
+                            Rectangle(
+                                (j, i),
+                                1,
+                                1,
+                                fill=False,
+                                hatch="...",
+                                edgecolor=style.NOT_CONVERGED_COLOR,
+                                linewidth=0.0,
+                            )
+                        )
+                    if not annotate:
+                        continue
+                    v = grid[i, j]
+                    txt = "" if np.isnan(v) else ("≤ 0" if log and v <= 0 else f"{v:.2g}")
+                    if nconv[i, j]:
+                        txt += "\nnot conv."
+                    if ndiv[i, j] > 0:
+                        txt += f"\n{int(ndiv[i, j])}/{int(nrun[i, j])} div"
+                    rgba = cmap(norm(shown[i, j])) if np.isfinite(v) else (1, 1, 1, 1)
+                    lum = 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2]
+                    a.text(
+                        j + 0.5,
+                        i + 0.5,
+                        txt,
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="black" if lum > 0.5 else "white",
+                    )
+            if threshold is not None and len(xs) >= 2 and len(ys) >= 2:
+                # not-converged cells have no regime to separate: keep them out of the contour
+                z = np.ma.masked_invalid(np.where(nconv, np.nan, grid))
+                if z.count() and z.min() < threshold < z.max():
+                    cs = a.contour(
+                        np.arange(len(xs)) + 0.5,
+                        np.arange(len(ys)) + 0.5,
+                        z,
+                        levels=[threshold],
+                        colors="#d62728",
+                        linewidths=2.2,
+                    )
+                    a.clabel(cs, fmt={threshold: f"{threshold:g}"}, fontsize=8)
+                    drawn["contour"] = True
+            a.set_xticks(
+                np.arange(len(xs)) + 0.5, [fmt(v) for v in xs], rotation=45 if len(xs) > 6 else 0
+            )
+            a.set_yticks(np.arange(len(ys)) + 0.5, [fmt(v) for v in ys])
+            a.set_xlim(0, len(xs))
+            a.set_ylim(0, len(ys))
+            a.set_xlabel(label(x) + (" — log spaced" if log_x else ""))
+            a.set_ylabel(label(y))
+            if fv is not None:
+                a.set_title(f"{short_label(facet)} = {fmt(fv)}")
+            a.tick_params(length=0)
+            for sp in a.spines.values():
+                sp.set_visible(False)
+        hide_unused(axes, len(facets))
+        cb = fig.colorbar(mesh, ax=axes.ravel()[: len(facets)].tolist(), shrink=0.9)
+        scale = ", log scale" if log else ""
+        cb.set_label(f"{label(value)}\nmean over seeds (completed runs){scale}")
+        handles = []
+        if drawn["diverged"]:
+            handles.append(
+                Patch(
+                    facecolor=style.DIVERGED_COLOR,
+                    hatch="xxx",
+                    edgecolor="white",
+                    label="all runs diverged",
+                )
+            )
+        if drawn["not_converged"]:
+            handles.append(
+                Patch(
+                    facecolor="white",
+                    hatch="...",
+                    edgecolor=style.NOT_CONVERGED_COLOR,
+                    label="most runs not converged",
+                )
+            )
+        if drawn["contour"]:
+            handles.append(
+                Line2D(
+                    [], [], color="#d62728", lw=2.2, label=f"lazy | rich threshold = {threshold:g}"
+                )
+            )
+        n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
+        finish(
+            fig,
+            axes,
+            ax is None,
+            title or f"Phase diagram: {short_label(value)} ({n_seeds} seeds per cell)",
+            handles,
+            {"ncols": 3},
+        )
+    return fig
+
+
+class PhaseDiagram(FigureKind):
+    kind = "phase_diagram"
+    order = 10
+    fields = ("x", "y", "value", "facet", "where", "name", "title")
+    caption = (
+        "Colour: the final value, mean over seeds (log scale where it spans decades); red "
+        "contour: the lazy/rich threshold; hatched grey: every run of the cell diverged."
+    )
+
+    def default(self, ctx: Context) -> PlotSpec | None:
+        return PlotSpec(kind=self.kind) if len(ctx.axes) >= 2 else None
+
+    def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
+        axes = ctx.axes
+        x = p.x or ("init_scale" if "init_scale" in axes else (axes[0] if axes else "init_scale"))
+        y = p.y or next((a for a in [*Y_PREFERENCE, *axes] if a in axes and a != x), "seed")
+        facet = p.facet or first_free(ctx, (), {x, y}, p.where)
+        return p.model_copy(
+            update={
+                "x": x,
+                "y": y,
+                "value": p.value or "kernel_distance",
+                "facet": facet,
+                "where": fixed_where(ctx, {x, y, facet, "seed"}, p.where),
+            }
+        )
+
+    def check(self, p: PlotSpec, key: str) -> None:
+        super().check(p, key)
+        if p.value is not None and p.value not in VALUES:
+            raise SpecError(f"{key}.value", p.value, f"known: {', '.join(VALUES)}")
+
+    def name(self, p: PlotSpec) -> str:
+        if p.name:
+            return p.name
+        return f"phase_{p.value}_{p.x}_{p.y}" + (f"_by_{p.facet}" if p.facet else "")
+
+    def sql(self, p: PlotSpec, ctx: Context) -> str:
+        return phase_diagram_sql(ctx.sweep, p.x, p.y, p.value, facet=p.facet, where=p.where)
+
+    def query(self, p: PlotSpec, ctx: Context) -> dict:
+        cells = ctx.con.execute(self.sql(p, ctx)).df()
+        if cells.empty:
+            raise Unavailable(f"no runs match where = {p.where!r}")
+        if cells["value"].notna().sum() == 0 and (cells["n_diverged"] < cells["n_runs"]).any():
+            raise Unavailable(f"{p.value} is NULL for every completed run")
+        cfg = ctx.cfg
+        thr = None
+        if p.value in (cfg.order_parameter, "order_value"):
+            thr = cfg.lazy_threshold
+        elif p.value in ("kernel_distance", "param_rel_change"):
+            thr = cfg.fallback_lazy_threshold
+        return {"cells": cells, "threshold": thr}
+
+    def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
+        title = p.title or (
+            f"Phase diagram — {short_label(p.value)}, mean over seeds{subtitle(p.where)}"
+        )
+        return phase_diagram_figure(
+            data["cells"],
+            x=p.x,
+            y=p.y,
+            value=p.value,
+            threshold=data["threshold"],
+            facet=p.facet,
+            title=title,
+            ax=ax,
+        )

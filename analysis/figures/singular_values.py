@@ -1,0 +1,210 @@
+"""Top singular values of every layer over time: one run per facet value.
+
+The run shown (per facet value) is the one of smallest init scale that escaped a
+saddle (else the smallest init scale), deepest first. Steps where the spectra
+budget skipped the SVD (``layers.top_sv`` NULL) are left out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib import ticker as mticker
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from phasesweep.analysis import style
+from phasesweep.analysis.figures._kind import (
+    Context,
+    FigureKind,
+    Unavailable,
+    canvas,
+    finish,
+    first_free,
+    fixed_where,
+    grid_shape,
+    hide_unused,
+    in_runs,
+    plain_log_labels,
+    subtitle,
+)
+from phasesweep.analysis.style import fmt, label, short_label
+from phasesweep.pipeline.spec import PlotSpec
+
+_RUN_AXES = ("init_scale", "depth", "width", "seed")
+
+
+def _matrix(values) -> np.ndarray:
+    """Lists of singular values (some NULL) as a (rows, k) array, NaN-padded."""
+    vals = [np.asarray(v if v is not None else [], dtype=float) for v in values]
+    k = max((len(v) for v in vals), default=0)
+    mat = np.full((len(vals), k), np.nan)
+    for i, v in enumerate(vals):
+        mat[i, : len(v)] = v
+    return mat
+
+
+def singular_values_figure(
+    layers: pd.DataFrame,
+    *,
+    facet: str | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Top singular values of every layer over time, one panel per (facet value, layer).
+
+    ``layers``: ``time, layer, top_sv`` (lists, descending; NULL rows are skipped),
+    optionally ``delta_top_sv`` (of W_l(t) - W_l(0), dashed: the init's random bulk
+    hides in ``top_sv`` what was learned), ``facet`` and ``run`` (a label of the run
+    each facet shows). σ_k has the same colour in every panel.
+    """
+    layers = layers[(layers["time"] > 0) & layers["top_sv"].notna()]
+    keys = [None] if facet is None else sorted(layers[facet].dropna().unique())
+    panels = [
+        (fv, layer)
+        for fv in keys
+        for layer in sorted(
+            (layers if fv is None else layers[layers[facet] == fv])["layer"].unique()
+        )
+    ]
+    has_delta = "delta_top_sv" in layers and layers["delta_top_sv"].notna().any()
+    series = [("top_sv", "-")] + ([("delta_top_sv", "--")] if has_delta else [])
+    kmax = 1
+    vary_alpha = "init_scale" in layers and layers["init_scale"].nunique() > 1
+    with style.theme():
+        nr, nc = grid_shape(len(panels), max_cols=4)
+        fig, axes = canvas(ax, nr, nc, (3.7 * nc + 1.6, 3.1 * nr + 1.4))
+        for n, (fv, layer) in enumerate(panels):
+            a = axes.ravel()[n]
+            g = layers[layers["layer"] == layer]
+            if fv is not None:
+                g = g[g[facet] == fv]
+            g = g.sort_values("time")
+            for col, ls in series:
+                mat = _matrix(g[col])
+                kmax = max(kmax, mat.shape[1])
+                colors = style.palette(max(mat.shape[1], 1))
+                few = len(g) <= 12  # sparse spectra (metrics.spectra_budget): mark the points
+                for q in range(mat.shape[1]):
+                    y = mat[:, q]
+                    ok = np.isfinite(y) & (y > 0)
+                    a.plot(
+                        g["time"].to_numpy()[ok],
+                        y[ok],
+                        color=colors[q],
+                        lw=1.4,
+                        ls=ls,
+                        marker="o" if few else None,
+                        ms=3.5,
+                        mfc="white" if ls != "-" else None,
+                    )
+            a.set_xscale("log")
+            a.set_yscale("log")
+            t_lo, t_hi = a.get_xlim()
+            if t_hi / t_lo > 5:  # labels at the decades only, not crowded minor ones
+                a.xaxis.set_minor_formatter(mticker.NullFormatter())
+            plain_log_labels(a, "y")
+            head = f"layer {layer}"
+            if fv is not None:
+                head = f"{short_label(facet)} {fmt(fv)} · {head}"
+                if vary_alpha:
+                    head = f"{head} (α {fmt(g['init_scale'].iloc[0])})"
+            a.set_title(head, fontsize="medium")
+            if n // nc == nr - 1 or n + nc >= len(panels):
+                a.set_xlabel(label("time"))
+            if n % nc == 0:
+                a.set_ylabel("singular value")
+            a.grid(True, which="major", alpha=0.3)
+        hide_unused(axes, len(panels))
+        handles = [
+            Line2D([], [], color=c, lw=1.5, label=f"σ{q + 1}")
+            for q, c in enumerate(style.palette(kmax))
+        ]
+        handles.append(Line2D([], [], color="0.3", lw=1.4, label="of W_l(t)"))
+        if has_delta:
+            handles.append(Line2D([], [], color="0.3", lw=1.4, ls="--", label="of W_l(t) − W_l(0)"))
+        finish(
+            fig,
+            axes,
+            ax is None,
+            title or "Top singular values per layer",
+            handles,
+            {"ncols": min(len(handles), 6)},
+        )
+    return fig
+
+
+class SingularValues(FigureKind):
+    kind = "singular_values"
+    order = 40
+    fields = ("facet", "where", "name", "title")
+    caption = (
+        "Top singular values σ_k of each layer's weights W_l(t) (solid) and of their change "
+        "W_l(t) − W_l(0) (dashed), for one run per panel row (named in the panel titles)."
+    )
+
+    def default(self, ctx: Context) -> PlotSpec | None:
+        has = ctx.count("SELECT count(*) FROM layers WHERE sweep = ? AND top_sv IS NOT NULL")
+        return PlotSpec(kind=self.kind) if has else None
+
+    def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
+        facet = p.facet or first_free(ctx, ("depth",), {"init_scale"}, p.where)
+        where = fixed_where(ctx, {"init_scale", facet}, p.where)
+        return p.model_copy(update={"facet": facet, "where": where})
+
+    def query(self, p: PlotSpec, ctx: Context) -> dict:
+        part = f"PARTITION BY r.{p.facet} " if p.facet else ""
+        extra = f", r.{p.facet}" if p.facet and p.facet not in _RUN_AXES else ""
+        pick = ctx.df(
+            f"SELECT * EXCLUDE (k) FROM (SELECT r.run_id, r.init_scale, r.depth, r.width, "
+            f"r.seed{extra}, row_number() OVER ({part}"
+            # the smallest init that escaped a saddle (else the smallest init), deepest first
+            "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
+            "r.run_id) AS k FROM runs r "
+            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)} "
+            "AND r.run_id IN (SELECT run_id FROM layers WHERE sweep = ? AND top_sv IS NOT NULL)"
+            ") WHERE k = 1",
+            [ctx.sweep, ctx.sweep],
+        )
+        if pick.empty:
+            raise Unavailable(
+                "no completed run with singular values (metrics.spectra off, or no run matches "
+                f"where = {p.where!r})"
+            )
+        ids = pick["run_id"].tolist()
+        marks = ", ".join("?" * len(ids))
+        layers = ctx.df(
+            "SELECT l.run_id, l.layer, t.time, l.top_sv, l.delta_top_sv FROM layers l "
+            "JOIN trajectories t ON t.sweep = l.sweep AND t.run_id = l.run_id AND t.step = l.step "
+            f"WHERE l.sweep = ? AND l.top_sv IS NOT NULL AND l.run_id IN ({marks}) "
+            "ORDER BY l.run_id, l.layer, t.time",
+            ids,
+        )
+        layers = layers.merge(pick, on="run_id")
+        if not (layers["time"] > 0).any():
+            raise Unavailable("singular values were recorded at step 0 only")
+        logged = ctx.df(
+            "SELECT count(*) FROM trajectories WHERE sweep = ? AND time > 0 AND run_id = ?",
+            [ids[0]],
+        ).iloc[0, 0]
+        with_sv = layers[(layers["run_id"] == ids[0]) & (layers["time"] > 0)]["time"].nunique()
+        return {"layers": layers, "runs": pick, "coverage": (int(with_sv), int(logged))}
+
+    def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
+        runs = data["runs"]
+        shown = [a for a in _RUN_AXES if a != p.facet and runs[a].nunique() == 1]
+        desc = ", ".join(f"{short_label(a)} {fmt(runs[a].iloc[0])}" for a in shown)
+        title = p.title or (
+            f"Top singular values per layer — run {desc}"
+            + (
+                f", per {short_label(p.facet)} the smallest init scale that escaped"
+                if p.facet
+                else ""
+            )
+            + subtitle(p.where)
+        )
+        with_sv, logged = data.get("coverage", (0, 0))
+        if with_sv < logged:
+            title += f" — SVD at {with_sv} of {logged} logged steps (metrics.spectra_budget)"
+        return singular_values_figure(data["layers"], facet=p.facet, title=title, ax=ax)

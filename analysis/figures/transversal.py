@@ -1,0 +1,165 @@
+"""Final transversal variation ``mean ‖P⊥ ∇ₓf‖²`` vs noise σ (subspace data).
+
+Markers: the median over seeds, bars: min–max over seeds (quantiles, so they
+stay positive on a log axis, unlike mean ± sd).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from phasesweep.analysis import style
+from phasesweep.analysis.figures._kind import (
+    Context,
+    FigureKind,
+    Unavailable,
+    canvas,
+    finish,
+    first_free,
+    fixed_where,
+    grid_shape,
+    hide_unused,
+    hue_colors,
+    in_runs,
+    plain_log_labels,
+    sorted_values,
+    subtitle,
+)
+from phasesweep.analysis.style import fmt, label, short_label
+from phasesweep.pipeline.spec import PlotSpec
+
+_Y = "final_transversal_grad_sq"
+
+
+def _scale(ax: Axes, values: np.ndarray, axis: str) -> bool:
+    """Log scale where every value is positive, symlog where some are 0; True if symlog."""
+    v = values[np.isfinite(values)]
+    if not len(v) or not (v > 0).any() or (v < 0).any():
+        return False
+    if (v > 0).all():
+        getattr(ax, f"set_{axis}scale")("log")
+        return False
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=float(v[v > 0].min()))
+    return True
+
+
+def transversal_figure(
+    df: pd.DataFrame,
+    *,
+    x: str = "noise_sigma",
+    hue: str = "depth",
+    facet: str | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Final transversal variation vs ``x``, one colour per ``hue``, a panel per ``facet``.
+
+    ``df``: one row per run with ``x``, ``hue`` (+ ``facet``) and
+    ``final_transversal_grad_sq`` (NULL rows are skipped). Markers: median over
+    seeds; bars: min–max over seeds; small dots: single seeds. Axes are log where
+    every value is positive, symlog where 0 occurs (σ = 0).
+    """
+    y = df[_Y].to_numpy(dtype=float, na_value=np.nan)
+    d = df[np.isfinite(y)].copy()
+    if hue not in d:
+        d[hue] = "all"
+    colors = hue_colors(d[hue])
+    facets = [None] if facet is None else sorted_values(d[facet])
+    xs = d[x].to_numpy(dtype=float)
+    yv = d[_Y].to_numpy(dtype=float)
+    with style.theme():
+        nr, nc = grid_shape(len(facets))
+        fig, axes = canvas(ax, nr, nc, (5.6 * nc + 1.2, 4.2 * nr + 1.2), sharey=True)
+        for k, fv in enumerate(facets):
+            a = axes.ravel()[k]
+            sub = d if fv is None else d[d[facet] == fv]
+            for h, c in colors.items():
+                g = sub[sub[hue] == h]
+                if g.empty:
+                    continue
+                agg = g.groupby(x)[_Y].agg(["median", "min", "max"]).reset_index()
+                a.scatter(g[x], g[_Y], s=10, alpha=0.35, color=c, lw=0)
+                a.errorbar(
+                    agg[x],
+                    agg["median"],
+                    yerr=[agg["median"] - agg["min"], agg["max"] - agg["median"]],
+                    fmt="o-",
+                    ms=5,
+                    capsize=2,
+                    color=c,
+                )
+            symlog_x = _scale(a, xs, "x")
+            symlog_y = _scale(a, yv, "y")
+            if symlog_y:
+                a.set_ylim(bottom=0)
+            elif a.get_yscale() == "log":
+                plain_log_labels(a, "y")
+            ticks = np.unique(xs[np.isfinite(xs)])
+            if 0 < len(ticks) <= 12:
+                a.set_xticks(ticks, [fmt(v) for v in ticks])
+                a.minorticks_off()
+            name = label(x) if ax is None else short_label(x)  # a caller's panel may be narrow
+            a.set_xlabel(name + (" — symlog (0 included)" if symlog_x else ""))
+            if k % nc == 0:
+                a.set_ylabel(label("transversal_grad_sq") + " (final)")
+            if fv is not None:
+                a.set_title(f"{short_label(facet)} = {fmt(fv)}")
+            a.grid(True, which="major", alpha=0.3)
+        hide_unused(axes, len(facets))
+        handles = [
+            Line2D([], [], color=c, marker="o", label=f"{short_label(hue)} {fmt(h)}")
+            for h, c in colors.items()
+        ]
+        finish(
+            fig,
+            axes,
+            ax is None,
+            title or "Transversal variation of the trained function",
+            handles,
+            {"ncols": min(len(handles), 5) or 1},
+        )
+    return fig
+
+
+class Transversal(FigureKind):
+    kind = "transversal"
+    order = 50
+    fields = ("x", "hue", "facet", "where", "name", "title")
+    caption = (
+        "Final transversal variation mean ‖P⊥ ∇ₓf‖² vs noise σ (markers: median over seeds, "
+        "bars: min–max over seeds)."
+    )
+
+    def default(self, ctx: Context) -> PlotSpec | None:
+        has = ctx.count(
+            "SELECT count(*) FROM summaries WHERE sweep = ? AND final_transversal_grad_sq > 0"
+        )
+        return PlotSpec(kind=self.kind) if has or "noise_sigma" in ctx.axes else None
+
+    def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
+        x = p.x or "noise_sigma"
+        hue = p.hue or first_free(ctx, ("depth",), {x}, p.where) or "depth"
+        facet = p.facet or first_free(ctx, (), {x, hue}, p.where)
+        where = fixed_where(ctx, {x, hue, facet, "seed"}, p.where)
+        return p.model_copy(update={"x": x, "hue": hue, "facet": facet, "where": where})
+
+    def query(self, p: PlotSpec, ctx: Context) -> pd.DataFrame:
+        cols = ", ".join(f"r.{c}" for c in dict.fromkeys((p.x, p.hue, p.facet, "seed")) if c)
+        df = ctx.df(
+            f"SELECT r.run_id, {cols}, s.{_Y} "
+            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)}",
+            [ctx.sweep],
+        )
+        if df[_Y].notna().sum() == 0:
+            raise Unavailable(
+                "transversal_grad_sq is NULL for every completed run (subspace data only)"
+            )
+        return df
+
+    def draw(self, data: pd.DataFrame, p: PlotSpec, ax: Axes | None = None) -> Figure:
+        title = p.title or f"Transversal variation vs {short_label(p.x)}{subtitle(p.where)}"
+        return transversal_figure(data, x=p.x, hue=p.hue, facet=p.facet, title=title, ax=ax)

@@ -1,0 +1,286 @@
+"""Figures as a registry, and figures that never abort and never mislead.
+
+On the synthetic store (closed-form curves, :mod:`analysis.calibration`): a figure
+that fails is skipped with a warning and the rest is written; legends list only
+what is drawn; wide-ranging values get log colour scales; spread on log axes stays
+positive; ``draw`` fills a caller's ``Axes``; output never goes through a symlink.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pkgutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from matplotlib import colors as mcolors
+from matplotlib import pyplot as plt
+from matplotlib.collections import LineCollection, QuadMesh
+from phasesweep.analysis import analyze, draw, figures, plot, report
+from phasesweep.analysis.figures import Unavailable
+from phasesweep.analysis.output import OutputError
+from phasesweep.analysis.plotting import check_plots
+from phasesweep.pipeline.cli import main
+from phasesweep.pipeline.spec import SpecError, validate_spec
+from phasesweep.storage import open_catalog
+
+SWEEP = "reg"
+GRID = {
+    "init_scale": [1e-3, 1e-2, 1e-1, 1.0, 3.0],
+    "width": [16, 256],
+    "depth": [2, 3],
+    "noise_sigma": [0.0, 0.1],
+    "seed": [0, 1],
+}
+
+
+@pytest.fixture(scope="module")
+def store(synthetic_store):
+    st = synthetic_store(SWEEP, GRID, singular_values=(4.0, 1.0, 0.25))[0]
+    analyze(st, SWEEP)
+    return st
+
+
+def _legend_texts(fig) -> list[str]:
+    legends = list(fig.legends) + [a.get_legend() for a in fig.axes if a.get_legend()]
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_registry_has_one_kind_per_module():
+    import phasesweep.analysis.figures as pkg
+
+    modules = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name[0] != "_")
+    assert sorted(figures.kinds()) == modules
+    for name in figures.kinds():
+        kind = figures.get(name)
+        assert kind.kind == name and type(kind).__module__.endswith(f".{name}")
+        assert kind.caption  # the report's caption lives with the kind
+    with pytest.raises(KeyError, match="did you mean 'loss_curves'"):
+        figures.get("loss_curve")
+
+
+def test_unknown_kind_is_a_spec_error_naming_the_key():
+    spec = validate_spec({"name": "s", "plots": [{"kind": "loss_curves"}, {"kind": "heatmap"}]})
+    with pytest.raises(SpecError) as e:
+        check_plots(spec)
+    assert e.value.key == "plots[1].kind" and "phase_diagram" in str(e.value)
+    bad_field = validate_spec({"name": "s", "plots": [{"kind": "loss_curves", "value": "x"}]})
+    with pytest.raises(SpecError) as e:
+        check_plots(bad_field)
+    assert e.value.key == "plots[0].value"
+
+
+# --------------------------------------------------------------------------- never abort
+
+
+def test_a_failing_figure_is_skipped_with_a_warning(store, tmp_path, monkeypatch, caplog):
+    kind = figures.get("transversal")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(type(kind), "draw", broken)
+    with caplog.at_level(logging.WARNING):
+        paths = plot(store, SWEEP, tmp_path)
+    names = {p.stem for p in paths}
+    assert "transversal" not in names
+    assert {"escape_time", "loss_curves", "singular_values"} <= names
+    msgs = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert msgs == [
+        f"figure transversal (transversal) of sweep {SWEEP} skipped: RuntimeError: boom"
+    ]
+    assert not list(tmp_path.glob("transversal*")) and not list(tmp_path.glob(".*"))
+    page = report(store, SWEEP, tmp_path)
+    assert page.exists() and "fig-transversal" not in page.read_text()
+
+
+def test_a_figure_with_nothing_to_draw_is_skipped(store, tmp_path, caplog):
+    spec = validate_spec(
+        {
+            "name": SWEEP,
+            "grid": GRID,
+            "plots": [
+                {"kind": "loss_curves", "where": "width = 99999"},
+                {"kind": "escape_time"},
+            ],
+        }
+    )
+    store.write_spec(SWEEP, yaml.safe_dump(spec.model_dump(exclude_defaults=True)))
+    try:
+        with caplog.at_level(logging.WARNING):
+            paths = plot(store, SWEEP, tmp_path)
+    finally:
+        store.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": GRID}))
+    assert {p.stem for p in paths} == {"escape_time"}
+    (msg,) = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert msg.startswith("figure loss_curves (loss_curves)") and "width = 99999" in msg
+    with pytest.raises(Unavailable, match="no runs match"):
+        draw("loss_curves", store, SWEEP, where="width = 99999")
+
+
+# --------------------------------------------------------------------------- never mislead
+
+
+def _cells(values, diverged=None, regime=None):
+    n = len(values)
+    return pd.DataFrame(
+        {
+            "x": np.arange(n, dtype=float) + 1,
+            "y": [16] * n,
+            "value": values,
+            "value_sd": [np.nan] * n,
+            "n_runs": [2] * n,
+            "n_completed": [2] * n,
+            "n_diverged": diverged or [0] * n,
+            "n_failed": [0] * n,
+            "n_seeds": [2] * n,
+            "regime": regime or ["rich"] * n,
+        }
+    )
+
+
+def _mesh_norm(fig):
+    (mesh,) = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)]  # not the bar's
+    return mesh.norm
+
+
+def test_phase_colours_are_log_where_values_span_decades():
+    pdf = figures.get("phase_diagram")
+    from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
+
+    wide = phase_diagram_figure(
+        _cells([1e-7, 1e-4, 0.4]), x="init_scale", y="width", value="kernel_distance"
+    )
+    norm = _mesh_norm(wide)
+    assert isinstance(norm, mcolors.LogNorm) and (norm.vmin, norm.vmax) == (1e-7, 0.4)
+    narrow = phase_diagram_figure(
+        _cells([0.1, 0.2, 0.4]), x="init_scale", y="width", value="kernel_distance"
+    )
+    assert not isinstance(_mesh_norm(narrow), mcolors.LogNorm)
+    assert pdf.caption
+    plt.close("all")
+
+
+def test_legends_list_only_what_is_drawn():
+    from phasesweep.analysis.figures.loss_curves import loss_curves_figure
+    from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
+
+    clean = phase_diagram_figure(
+        _cells([0.01, 0.2]), x="init_scale", y="width", value="kernel_distance", threshold=0.1
+    )
+    assert _legend_texts(clean) == []  # 1 x 2 grid: no contour; nothing diverged
+    mixed = _cells([0.01, 0.02, np.nan], diverged=[0, 1, 2], regime=["rich", "not_converged", "x"])
+    texts = _legend_texts(
+        phase_diagram_figure(mixed, x="init_scale", y="width", value="kernel_distance")
+    )
+    assert texts == ["all runs diverged", "most runs not converged"]
+
+    traj = pd.DataFrame({"run_id": ["a"] * 3, "time": [0.0, 1.0, 2.0], "train_loss": [1, 0.5, 0.1]})
+    runs = pd.DataFrame({"run_id": ["a"], "init_scale": [0.1], "status": ["completed"]})
+    texts = _legend_texts(loss_curves_figure(traj, runs, None))
+    assert texts == ["init scale α 0.1"]
+    runs.loc[0, "status"] = "diverged"
+    plateaus = pd.DataFrame({"run_id": ["a"], "start": [1.0], "end": [2.0], "level": [0.5]})
+    texts = _legend_texts(loss_curves_figure(traj, runs, plateaus))
+    assert texts == ["init scale α 0.1", "detected plateau", "diverged run"]
+    plt.close("all")
+
+
+def test_spread_on_log_axes_stays_positive():
+    from phasesweep.analysis.figures.transversal import transversal_figure
+
+    # mean - sd of (1e-3, 1e-3, 1) is negative: a mean ± sd bar would run to zero
+    df = pd.DataFrame(
+        {
+            "noise_sigma": [0.1] * 3 + [1.0] * 3,
+            "depth": [2] * 6,
+            "seed": [0, 1, 2] * 2,
+            "final_transversal_grad_sq": [1e-3, 1e-3, 1.0, 1e-4, 2e-4, 3e-4],
+        }
+    )
+    fig = transversal_figure(df)
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    assert ax.get_yscale() == "log"
+    segs = [s for c in ax.collections if isinstance(c, LineCollection) for s in c.get_segments()]
+    assert segs
+    lows = np.array([min(s[:, 1]) for s in segs])
+    highs = np.array([max(s[:, 1]) for s in segs])
+    # bars are min-max over seeds around the median
+    assert np.allclose(sorted(lows), [1e-4, 1e-3]) and np.allclose(sorted(highs), [3e-4, 1.0])
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- draw API
+
+
+def test_draw_into_a_given_axes(store):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    out = draw(
+        "loss_curves",
+        store,
+        SWEEP,
+        ax=left,
+        facet=None,
+        where="seed = 0 AND depth = 2 AND width = 16 AND noise_sigma = 0.0",
+    )
+    assert out is fig and left in fig.axes and right in fig.axes
+    assert len(left.get_lines()) == 5  # one curve per init scale
+    # a faceted figure fills the place of the given axes with its panels
+    con = open_catalog(store)
+    fig2, ax2 = plt.subplots(figsize=(10, 4))
+    out2 = draw("transversal", con, SWEEP, ax=ax2, facet="width")
+    assert out2 is fig2 and ax2 not in fig2.axes
+    titles = sorted(a.get_title() for a in fig2.axes)
+    assert titles == ["width = 16", "width = 256"]
+    # a new figure when no axes is given
+    fig3 = draw("phase_diagram", con, SWEEP, value="param_rel_change")
+    assert fig3 is not fig2 and any(
+        isinstance(c, QuadMesh) for a in fig3.axes for c in a.collections
+    )
+    with pytest.raises(SpecError) as e:
+        draw("phase_diagram", con, SWEEP, value="nonsense")
+    assert e.value.key == "plots[0].value"
+    plt.close("all")
+
+
+# --------------------------------------------------------------------------- output safety
+
+
+def test_plot_refuses_a_symlinked_output_folder(store, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(OutputError, match="symbolic link"):
+        plot(store, SWEEP, tmp_path / "out")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_plot_refuses_a_symlink_at_a_figure_name(store, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "loss_curves.png").symlink_to(victim)
+    with pytest.raises(OutputError) as e:
+        plot(store, SWEEP, out)
+    assert "loss_curves.png" in str(e.value) and "symbolic link" in str(e.value)
+    assert victim.read_text() == "precious"
+    assert os.path.islink(out / "loss_curves.png")
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_plot_out_file_is_a_one_line_error(store, tmp_path, capsys):
+    target = tmp_path / "file.txt"
+    target.write_text("keep")
+    with pytest.raises(OutputError, match="not a folder"):
+        plot(store, SWEEP, target)
+    code = main(["plot", SWEEP, "--store", str(store.root), "--out", str(target)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not a folder" in err
+    assert "Traceback" not in err and target.read_text() == "keep"
