@@ -88,10 +88,12 @@ class LineState:
         if len(inside) >= per_line:
             return None
         cuts = sorted({lo, hi, *inside, *(u for u in self.void if lo < u < hi)})
-        width, left = max((b - a, a) for a, b in zip(cuts, cuts[1:])) if len(cuts) > 1 else (0, lo)
+        if len(cuts) < 2:
+            return None
+        width, left = max((b - a, -a) for a, b in zip(cuts, cuts[1:]))  # ties: the lowest
         if width <= tol:
             return None
-        return left + width / 2, width
+        return -left + width / 2, width
 
 
 def crossing(u0: float, v0: float, u1: float, v1: float, level: float) -> float:
