@@ -47,7 +47,8 @@ def boundaries_frame(
         if level is not None:
             sql += " AND level = ?"
             params.append(float(level))
-        return con.execute(sql + " ORDER BY metric, level, axis, line", params).df()
+        order = " ORDER BY metric, level, axis, depth, width, noise_sigma, lr, activation, n_train, line"
+        return con.execute(sql + order, params).df()
     finally:
         con.close()
 

@@ -223,10 +223,19 @@ def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
 
 
 def test_two_refines_of_one_sweep_never_train_a_point_twice(synth_store, tmp_path):
+    """The second refine starts while the first is in the middle of its first batch
+    (its points pending in the journal): it must not train them, and the two together
+    end where one refine ends."""
     log = str(tmp_path / "trained.log")
-    procs = [_start(synth_store, log, delay=0.5) for _ in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    first = _start(synth_store, log, delay=1.0)
+    deadline = time.monotonic() + 300
+    while not syn.trained(log):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = _start(synth_store, log, delay=1.0)
+    outs = [p.communicate(timeout=600) for p in (first, second)]
+    assert [p.returncode for p in (first, second)] == [0, 0], outs
     trained = syn.trained(log)
     assert len(trained) == len(set(trained)) == 16
     assert sum(int(o.strip()) for o, _ in outs) == 16
