@@ -533,11 +533,13 @@ def refine(
 # ----------------------------------------------------------------------------- table
 
 
-def boundary_rows(p: Plan, study: optuna.Study) -> pd.DataFrame:
-    """One ``boundaries`` row per line, from the parent's and the child's stored runs."""
+def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
+    """One ``boundaries`` row per line, from the parent's stored runs and the points of
+    the study's finished trials (none without a study: the parent's grid alone)."""
     by_line = {k: {x: list(v) for x, v in d.items()} for k, d in p.points.items()}
     refined = {k: 0 for k in p.lines}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    finished = (TrialState.COMPLETE, TrialState.PRUNED)
+    for t in [] if study is None else study.get_trials(deepcopy=False, states=finished):
         pts = p.child_points(t.params[LINE], t.params[X])
         by_line[t.params[LINE]].setdefault(float(t.params[X]), []).extend(pts)
         refined[t.params[LINE]] += sum(pt.run_id in p.values for pt in pts)
