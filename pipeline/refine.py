@@ -413,9 +413,13 @@ def _claim(p: Plan, study: optuna.Study, me: str) -> list[int]:
     mine = []
     storage = study._storage  # optuna has no public setter for it
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if LINE in t.params and not owner_alive(t.user_attrs.get("owner")):
+        if owner_alive(t.user_attrs.get("owner")):
+            continue
+        if LINE in t.params:
             storage.set_trial_user_attr(t._trial_id, "owner", me)
             mine.append(t.number)
+        else:  # its owner died before the sampler gave it a point
+            study.tell(t.number, state=TrialState.FAIL)
     while p.budget is None or _runs_used(study, len(p.seeds)) + len(p.seeds) <= p.budget:
         if sampler.next_params(study) is None:
             break
@@ -499,8 +503,9 @@ def refine(
                 mine = _claim(p, study, me)
             sync()
             if not mine:
-                pending = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if pending:  # another refine trains the remaining points: wait for it
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if any(owner_alive(t.user_attrs.get("owner")) for t in running):
+                    # another refine trains points this one may need: wait for them
                     time.sleep(poll_seconds)
                     continue
                 break

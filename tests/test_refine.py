@@ -22,11 +22,13 @@ import numpy as np
 import optuna
 import pytest
 import refine_synthetic as syn
+import yaml
 from optuna.trial import TrialState
 from phasesweep.pipeline.cli import main
 from phasesweep.pipeline.levelset import LINE, LevelSetSampler, X
 from phasesweep.pipeline.refine import child_name, refine
 from phasesweep.storage import Store, run_query
+from test_store_s3 import s3_server, s3_store  # noqa: F401 (fixtures)
 
 matplotlib.use("Agg")
 
@@ -278,10 +280,19 @@ def test_bad_input_exits_2_names_the_argument_writes_nothing(
 # ------------------------------------------------------------- a real refinement
 
 
+#: a tiny two-layer net (antisymmetric init, 20 GD steps): param_rel_change falls with
+#: the init scale.
+TINY_REAL = {
+    "name": "tinyref",
+    "model": {"depth": 2, "width": 8, "init": "antisymmetric"},
+    "data": {"n_train": 8, "n_test": 8, "input_dim": 3, "seed": 0},
+    "train": {"steps": 20, "log_points": 5, "lr": 0.5},
+    "metrics": {"probe_size": 4, "spectra": False},
+}
+
+
 def test_real_refinement_store_table_and_overlay(tmp_path):
-    """A tiny two-layer net (antisymmetric init, 20 GD steps): param_rel_change falls
-    with the init scale. Refine where it crosses its middle value, in this process."""
-    import yaml
+    """Refine where param_rel_change of :data:`TINY_REAL` crosses 0.25, in this process."""
     from matplotlib import pyplot as plt
     from phasesweep.analysis.boundaries import boundaries_frame, draw_boundaries
     from phasesweep.analysis.figures import phase_diagram_figure
@@ -289,14 +300,7 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
-    raw = {
-        "name": "tinyref",
-        "model": {"depth": 2, "width": 8, "init": "antisymmetric"},
-        "data": {"n_train": 8, "n_test": 8, "input_dim": 3, "seed": 0},
-        "train": {"steps": 20, "log_points": 5, "lr": 0.5},
-        "metrics": {"probe_size": 4, "spectra": False},
-        "grid": {"width": [8, 32], "init_scale": [0.1, 0.3, 1.0], "seed": [0, 1]},
-    }
+    raw = dict(TINY_REAL, grid={"width": [8, 32], "init_scale": [0.1, 0.3, 1.0], "seed": [0, 1]})
     spec = validate_spec(raw)
     store = Store.open(str(tmp_path / "store"))
     store.write_spec("tinyref", yaml.safe_dump(raw))
@@ -348,3 +352,45 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     line = ax.lines[before]
     assert np.allclose(line.get_xdata(), want) and np.allclose(line.get_ydata(), [0.5, 1.5])
     plt.close(fig)
+
+
+def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noqa: F811
+    """On an object store the journal lives in the store (a copy per batch): a second
+    refine, starting from a fresh local copy, goes on from the first one's trials."""
+    from phasesweep.pipeline.refine import open_study, plan
+
+    syn.make_parent(s3_store)
+    log = str(tmp_path / "trained.log")
+    assert syn.run(s3_store.uri, log, budget=6).trained == 6
+    child = child_name("synth", "final_train_loss")
+    assert s3_store.fs.exists(f"{s3_store.root}/refine/sweep={child}/journal.log")
+    p = plan(s3_store, "synth", "final_train_loss", syn.LEVEL)
+    with open_study(p) as (study, *_):
+        assert Counter(t.state for t in study.get_trials()) == {TrialState.COMPLETE: 3}
+    assert syn.run(s3_store.uri, log).trained == 10
+    trained = syn.trained(log)
+    assert len(trained) == len(set(trained)) == 16
+    _check_boundaries(s3_store)
+
+
+def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli):
+    """The command's default path: every batch is a Ray Tune run of ensemble chunks."""
+    from phasesweep.pipeline.driver import train_and_store
+    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline.spec import validate_spec
+
+    raw = dict(TINY_REAL, grid={"width": [8], "init_scale": [0.1, 1.0], "seed": [0, 1]})
+    store = Store.open(str(tmp_path / "store"))
+    store.write_spec("tinyref", yaml.safe_dump(raw))
+    spec = validate_spec(raw)
+    for c in make_chunks(expand(spec), spec):
+        train_and_store(store.uri, "tinyref", c, "cpu")
+    args = ["refine", "tinyref", "--metric", "param_rel_change", "--level", "0.3"]
+    proc = phasesweep_cli([*args, "--tol", "0.3", "--store", store.uri])
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err
+    assert '{"width": 8}' in out and "True" in out
+    child = child_name("tinyref", "param_rel_change")
+    _, rows = run_query(store, f"SELECT count(*), count(node_id) FROM runs WHERE sweep = '{child}'")
+    n, on_ray = rows[0]
+    assert n == 4 and on_ray == n  # two bisections of one decade to <= 0.3, two seeds; on Ray
