@@ -530,7 +530,7 @@ def refine(
                     study.tell(n, state=TrialState.PRUNED)
             sync()
             outcome.boundaries = write_boundaries(p, study)
-    if outcome.boundaries is None:
+        # once more when nothing is left: another refine may have finished points since
         outcome.boundaries = write_boundaries(p, study)
     return outcome
 
@@ -544,7 +544,10 @@ def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
     by_line = {k: {x: list(v) for x, v in d.items()} for k, d in p.points.items()}
     refined = {k: 0 for k in p.lines}
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
-    for t in [] if study is None else study.get_trials(deepcopy=False, states=finished):
+    trials = [] if study is None else study.get_trials(deepcopy=False, states=finished)
+    if study is not None:  # after the trials: a finished trial's runs are in the store
+        p.values.update(final_values(p.store, [p.child], p.metric))
+    for t in trials:
         pts = p.child_points(t.params[LINE], t.params[X])
         by_line[t.params[LINE]].setdefault(float(t.params[X]), []).extend(pts)
         refined[t.params[LINE]] += sum(pt.run_id in p.values for pt in pts)

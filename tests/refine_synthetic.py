@@ -52,10 +52,10 @@ def seed_crossing(w: int, s: int) -> float:
     return U_STAR[w] + math.atanh(OFFSET[s]) / 3
 
 
-def install(log_path: str, block_at: int | None = None, delay: float = 0.0) -> None:
+def install(log_path: str, block_at: int | None = None, delay: float = 0.0):
     """Replace the trainer by the closed form (see the module docstring). ``block_at``:
     the call (1-based, counted in this process) that never returns; ``delay``: seconds
-    every call takes (so that two processes overlap)."""
+    every call takes (so that two processes overlap). Returns the real trainer."""
     import phasesweep.pipeline.trainer as trainer
     from phasesweep.storage.schema import RUNS
 
@@ -80,7 +80,8 @@ def install(log_path: str, block_at: int | None = None, delay: float = 0.0) -> N
             f.write("".join(p.run_id + "\n" for p in pts))
         return {"runs": trainer.table_of(RUNS, cols, len(pts))}
 
-    trainer.train_chunk = train_chunk
+    real, trainer.train_chunk = trainer.train_chunk, train_chunk
+    return real
 
 
 def make_parent(store) -> None:
@@ -104,20 +105,24 @@ def make_parent(store) -> None:
 
 def run(store_uri: str, log_path: str, block_at: int | None = None, delay: float = 0.0, **kw):
     """Refine the parent's final_train_loss at LEVEL in this process."""
+    import phasesweep.pipeline.trainer as trainer
     from phasesweep.pipeline.refine import refine
 
-    install(log_path, block_at, delay)
-    return refine(
-        store_uri,
-        "synth",
-        "final_train_loss",
-        LEVEL,
-        tol=TOL,
-        use_ray=False,
-        poll_seconds=0.2,
-        log=lambda msg: None,
-        **kw,
-    )
+    real = install(log_path, block_at, delay)
+    try:
+        return refine(
+            store_uri,
+            "synth",
+            "final_train_loss",
+            LEVEL,
+            tol=TOL,
+            use_ray=False,
+            poll_seconds=0.2,
+            log=lambda msg: None,
+            **kw,
+        )
+    finally:
+        trainer.train_chunk = real
 
 
 def trained(log_path: str) -> list[str]:
