@@ -96,6 +96,11 @@ class LineState:
         return -left + width / 2, width
 
 
+def coord(x: float, log: bool) -> float:
+    """The search coordinate ``u`` of an axis value: log10 on a log axis, else the value."""
+    return math.log10(x) if log else float(x)
+
+
 def crossing(u0: float, v0: float, u1: float, v1: float, level: float) -> float:
     """Where the straight line through (u0, v0), (u1, v1) reaches ``level``."""
     if v1 == v0:
@@ -146,7 +151,7 @@ class LevelSetSampler(optuna.samplers.BaseSampler):
 
     def u(self, x: float) -> float:
         """The search coordinate of an axis value."""
-        return math.log10(x) if self.log else float(x)
+        return coord(x, self.log)
 
     def x(self, u: float) -> float:
         """The axis value of a search coordinate."""

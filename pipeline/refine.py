@@ -25,7 +25,12 @@ Resume and concurrency: trials record their owner process. A process that asks h
 a lock file beside the journal (local stores), so two refines of one sweep never
 propose the same point; a trial whose owner died on this host (killed refine) is
 adopted by the next refine, which trains what the store lacks of it and tells it.
-On an object store there is no lock: run one refine per sweep at a time there.
+On an object store there is no lock: run one refine per sweep at a time there. An owner
+on another host is taken to be alive (it cannot be checked from here), so a refine
+that died there leaves its points pending until it is resumed on that host.
+Refines of one metric at different levels (or axes) share the child sweep, so they
+reuse each other's runs; their ``boundaries`` rows share its partition, rewritten
+whole: two of them at the same time may drop each other's rows (a rerun restores them).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 from phasesweep.pipeline.grid import Point, axis_path, expand, make_chunks
-from phasesweep.pipeline.levelset import LINE, LevelSetSampler, LineState, X, crossing
+from phasesweep.pipeline.levelset import LINE, LevelSetSampler, LineState, X, coord, crossing
 from phasesweep.pipeline.spec import SHORT_NAMES, SpecError, parse_yaml, validate_spec
 from phasesweep.storage import Store, open_catalog, schema
 
@@ -61,7 +66,7 @@ from phasesweep.storage import Store, open_catalog, schema
 REPLICATE_AXES = ("train.seed", "data.seed")
 #: runs columns that are axes, not metrics.
 _NOT_METRICS = {"init_scale", "noise_sigma", "lr", "leaky_slope", "lr_effective"}
-#: typed line columns of ``boundaries`` (runs column name -> the grid path it shows).
+#: typed line columns of ``boundaries``: short axis names, NULL where not a line axis.
 _LINE_COLUMNS = ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
 
 
@@ -155,8 +160,9 @@ class Plan:
         return expand(validate_spec(raw))
 
     def sampler(self) -> LevelSetSampler:
+        """The study's sampler, seeded with the parent's seed means."""
         seeded = {
-            line: [(self.u(x), m) for x, m in self.means(line, self.points[line]).items()]
+            line: [(self.u(x), m) for x, m in self.means(self.points[line]).items()]
             for line in self.lines
         }
         seeded = {k: [(u, m) for u, m in v if math.isfinite(m)] for k, v in seeded.items()}
@@ -171,7 +177,7 @@ class Plan:
             per_line=self.per_line,
         )
 
-    def means(self, line: str, by_x: dict[float, list[Point]]) -> dict[float, float]:
+    def means(self, by_x: dict[float, list[Point]]) -> dict[float, float]:
         """Seed-mean of the metric at every x (NaN where no seed has a value)."""
         out = {}
         for x, pts in by_x.items():
@@ -181,7 +187,7 @@ class Plan:
 
     def u(self, x: float) -> float:
         """The search coordinate of an axis value (log10 on a log axis)."""
-        return math.log10(x) if self.log else float(x)
+        return coord(x, self.log)
 
 
 def plan(
@@ -249,7 +255,7 @@ def plan(
         seed = {k: p.coords[k] for k in replicate_keys}
         seeds.setdefault(json.dumps(seed, default=str), seed)
     log = all(v > 0 for v in xs)
-    us = [math.log10(v) if log else float(v) for v in xs]
+    us = [coord(v, log) for v in xs]
     if tol is None:
         tol = min(b - a for a, b in zip(us, us[1:])) / 16
     elif not tol > 0:
@@ -301,7 +307,7 @@ def plan(
             f"outside the observed range [{lo:.6g}, {hi:.6g}] of {metric}",
             "argument",
         )
-    result.study_name = f"{metric}|{level!r}|{path}"
+    result.study_name = f"{metric}|{float(level)!r}|{path}"
     return result
 
 
@@ -554,7 +560,7 @@ def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
     u = p.u
     rows = []
     for line, by_x in by_line.items():
-        means = p.means(line, by_x)
+        means = p.means(by_x)
         state = LineState(known=[(u(x), m) for x, m in means.items() if math.isfinite(m)])
         b = state.bracket(p.level)
         row = {

@@ -394,3 +394,26 @@ def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli):
     _, rows = run_query(store, f"SELECT count(*), count(node_id) FROM runs WHERE sweep = '{child}'")
     n, on_ray = rows[0]
     assert n == 4 and on_ray == n  # two bisections of one decade to <= 0.3, two seeds; on Ray
+
+
+def test_benchmark_design_meets_its_run_target_and_fits_a_known_exponent(monkeypatch):
+    """The full benchmark's grids (no training): refine's runs when every line bisects
+    its coarse decade down to the dense spacing are <= 10 % of the dense grid's; the
+    exponent fit recovers a known power law."""
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import validate_spec
+
+    monkeypatch.syspath_prepend(str(HERE.parent))
+    from benchmarks import refine_bench as rb
+
+    s = rb.MODES["full"]
+    dense = len(expand(validate_spec(rb.spec("dense", s, s.dense))))
+    coarse = len(expand(validate_spec(rb.spec("coarse", s, s.coarse))))
+    delta = (s.high - s.low) / (s.dense - 1)
+    decade = (s.high - s.low) / (s.coarse - 1)
+    bisections = math.ceil(math.log2(decade / delta))
+    lines = len(s.widths) * s.seeds
+    assert dense == s.dense * lines and coarse + bisections * lines <= 0.10 * dense
+    w = [64, 128, 256, 512, 1024]
+    e = rb.exponent(w, [0.3 * (x / 64) ** -0.25 * (1 + 0.01 * (-1) ** i) for i, x in enumerate(w)])
+    assert e["ci_low"] < -0.25 < e["ci_high"] and abs(e["slope"] + 0.25) < 0.02
