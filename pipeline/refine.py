@@ -496,6 +496,10 @@ def refine(
     Ray Tune trials (``address`` as for ``run``), else in this process. Bad arguments
     raise :class:`SpecError` before anything is written. Returns the outcome, whose
     ``boundaries`` are the rows stored in the ``boundaries`` table.
+
+    A batch with failed runs ends the refine (as ``run``: what is done stays done); an
+    exception or interrupt while training fails the batch's trials. Either way the next
+    refine proposes those points again and trains only what the store lacks.
     """
     store = store if isinstance(store, Store) else Store.open(store)
     p = plan(store, sweep, metric, level, axis=axis, budget=budget, tol=tol, per_line=per_line)
@@ -523,19 +527,29 @@ def refine(
                 f"refine {p.child}: batch {outcome.batches + 1}: {len(mine)} points, "
                 f"{len(points)} runs"
             )
-            trained, failed = _train(p, points, address, use_ray)
+            try:
+                trained, failed = _train(p, points, address, use_ray)
+            except BaseException:  # e.g. Ctrl-C: the next refine proposes these again
+                for n in mine:
+                    study.tell(n, state=TrialState.FAIL)
+                raise
             outcome.trained += trained
             outcome.failed += failed
             outcome.batches += 1
             p.values.update(final_values(store, [p.child], metric))
+            done = store.done_run_ids(p.child)
             for n, pts in batch.items():
                 vals = [p.values[pt.run_id] for pt in pts if pt.run_id in p.values]
-                if vals:
+                if any(pt.run_id not in done for pt in pts):
+                    study.tell(n, state=TrialState.FAIL)  # proposed again by the next refine
+                elif vals:
                     study.tell(n, float(np.mean(vals)))
-                else:
+                else:  # every seed diverged: trained, but no value
                     study.tell(n, state=TrialState.PRUNED)
             sync()
             outcome.boundaries = write_boundaries(p, study)
+            if failed:  # as `run`: stop, keep what is done, a relaunch retries the rest
+                break
         # once more when nothing is left: another refine may have finished points since
         outcome.boundaries = write_boundaries(p, study)
     return outcome

@@ -52,10 +52,13 @@ def seed_crossing(w: int, s: int) -> float:
     return U_STAR[w] + math.atanh(OFFSET[s]) / 3
 
 
-def install(log_path: str, block_at: int | None = None, delay: float = 0.0):
+def install(
+    log_path: str, block_at: int | None = None, delay: float = 0.0, fail_at: int | None = None
+):
     """Replace the trainer by the closed form (see the module docstring). ``block_at``:
     the call (1-based, counted in this process) that never returns; ``delay``: seconds
-    every call takes (so that two processes overlap). Returns the real trainer."""
+    every call takes (so that two processes overlap); ``fail_at``: the call that raises.
+    Returns the real trainer."""
     import phasesweep.pipeline.trainer as trainer
     from phasesweep.storage.schema import RUNS
 
@@ -68,6 +71,8 @@ def install(log_path: str, block_at: int | None = None, delay: float = 0.0):
                 f.write(str(os.getpid()))
             while True:
                 time.sleep(1)
+        if calls[0] == fail_at:
+            raise RuntimeError("synthetic training failure")
         time.sleep(delay)
         pts = chunk.points
         cols = trainer.point_columns(pts, chunk.chunk_id)
@@ -103,12 +108,19 @@ def make_parent(store) -> None:
         store.write_chunk(spec.name, c.chunk_id, {"runs": trainer.table_of(RUNS, cols, len(cfg))})
 
 
-def run(store_uri: str, log_path: str, block_at: int | None = None, delay: float = 0.0, **kw):
+def run(
+    store_uri: str,
+    log_path: str,
+    block_at: int | None = None,
+    delay: float = 0.0,
+    fail_at: int | None = None,
+    **kw,
+):
     """Refine the parent's final_train_loss at LEVEL in this process."""
     import phasesweep.pipeline.trainer as trainer
     from phasesweep.pipeline.refine import refine
 
-    real = install(log_path, block_at, delay)
+    real = install(log_path, block_at, delay, fail_at)
     try:
         return refine(
             store_uri,

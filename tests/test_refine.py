@@ -180,6 +180,29 @@ def test_budget_stops_the_refinement_and_a_resume_goes_on(synth_store, tmp_path)
     assert len(trained) == len(set(trained)) == 16
 
 
+def test_a_training_failure_fails_the_batch_and_the_next_refine_retries_it(synth_store, tmp_path):
+    """Batch 2 trains two chunks; the second raises. The first chunk's runs stay done,
+    the batch's trials fail, and the next refine asks the same points again, training
+    only the chunk the store lacks."""
+    log = str(tmp_path / "trained.log")
+    with pytest.raises(RuntimeError, match="synthetic training failure"):
+        syn.run(synth_store.uri, log, fail_at=4)
+    child = child_name("synth", "final_train_loss")
+    assert len(synth_store.done_run_ids(child)) == 6
+    assert syn.run(synth_store.uri, log).trained == 10
+    trained = syn.trained(log)
+    assert len(trained) == len(set(trained)) == 16
+    _check_boundaries(synth_store)
+    from phasesweep.pipeline.refine import open_study, plan
+
+    with open_study(plan(synth_store, "synth", "final_train_loss", syn.LEVEL)) as (study, *_):
+        trials = study.get_trials()
+    states = Counter(t.state for t in trials)
+    assert states == {TrialState.COMPLETE: 8, TrialState.FAIL: 2}
+    failed = {(t.params[LINE], t.params[X]) for t in trials if t.state == TrialState.FAIL}
+    assert failed <= {(t.params[LINE], t.params[X]) for t in trials if t.state != TrialState.FAIL}
+
+
 def _start(store: Store, log: str, block_at: int = 0, delay: float = 0.0):
     return subprocess.Popen(
         [
