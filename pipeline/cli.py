@@ -92,6 +92,39 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help="output directory (default: inside the store)",
             )
+    refine = sub.add_parser(
+        "refine",
+        help="find where a metric crosses a level along one axis, line by line (Optuna)",
+        description="Bisect AXIS between the sweep's grid points where the seed-mean final "
+        "METRIC crosses LEVEL, for every value of the other grid axes; new runs go to the "
+        "sweep SWEEP__refine_METRIC, the estimates to the boundaries table. Example: "
+        "phasesweep refine lazy_rich --metric kernel_distance --level 0.01 --budget 200",
+    )
+    refine.add_argument("sweep", metavar="SWEEP")
+    refine.add_argument("--metric", required=True, help="a trajectories or runs column")
+    refine.add_argument("--level", required=True, type=float, help="the level of the metric")
+    refine.add_argument("--axis", default="init_scale", help="grid axis to search")
+    refine.add_argument(
+        "--budget", type=int, default=None, help="most runs the refinement trains in all"
+    )
+    refine.add_argument(
+        "--tol",
+        type=float,
+        default=None,
+        help="stop a line when its bracket is this wide (log10 units on a log axis; "
+        "default: the grid's finest spacing / 16)",
+    )
+    refine.add_argument(
+        "--per-line",
+        type=_bounded(int, 1, strict=False),
+        default=1,
+        help="points per line per batch (1: bisection)",
+    )
+    _store_arg(refine)
+    refine.add_argument("--address", default=None, help="Ray address, as for run")
+    refine.add_argument(
+        "--in-process", action="store_true", help="train batches in this process, not on Ray"
+    )
     return parser
 
 
@@ -301,6 +334,47 @@ def cmd_analysis(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_refine(args: argparse.Namespace) -> int:
+    from phasesweep.pipeline.refine import refine
+
+    out = refine(
+        _open_store(args.store),
+        args.sweep,
+        args.metric,
+        args.level,
+        axis=args.axis,
+        budget=args.budget,
+        tol=args.tol,
+        per_line=args.per_line,
+        address=args.address,
+        use_ray=not args.in_process,
+    )
+    b = out.boundaries
+    print(
+        f"sweep {out.child}: trained {out.trained} runs in {out.batches} batches, "
+        f"failed {out.failed}",
+        file=sys.stderr,
+    )
+    cols = [
+        "line",
+        "boundary",
+        "bracket_low",
+        "bracket_high",
+        "seed_spread",
+        "bracketed",
+        "converged",
+        "n_runs",
+    ]
+    _print_table(
+        cols, [tuple(None if _isnan(v) else v for v in r) for r in b[cols].itertuples(index=False)]
+    )
+    return EXIT_FAILED if out.failed else EXIT_OK
+
+
+def _isnan(v: object) -> bool:
+    return isinstance(v, float) and v != v
+
+
 COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
@@ -308,6 +382,7 @@ COMMANDS = {
     "analyze": cmd_analysis,
     "plot": cmd_analysis,
     "report": cmd_analysis,
+    "refine": cmd_refine,
 }
 
 

@@ -421,6 +421,8 @@ class SweepSpec(_Section):
     analysis: AnalysisConfig = AnalysisConfig()
     plots: list[PlotSpec] | None = None
     execution: ExecutionConfig = ExecutionConfig()
+    #: the sweep this one refines (set by ``phasesweep refine``); None for a launched sweep.
+    parent: str | None = None
     #: axis (short name or dotted path into model/data/train/metrics) -> values.
     grid: dict[str, Any] = {}
 

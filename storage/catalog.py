@@ -1,7 +1,7 @@
 """DuckDB catalog over a store: one view per table, ``sweep`` as a column.
 
 Views: ``runs``, ``trajectories``, ``layers`` (chunk tables), ``summaries``,
-``plateaus``, ``scaling_fits`` (analysis tables) and ``manifest``. Each has the
+``plateaus``, ``scaling_fits``, ``boundaries`` (analysis tables) and ``manifest``. Each has the
 ``sweep`` column first, then (at least) the columns of ``storage.schema``;
 columns that older files lack are NULL. ``attempt`` stays visible for debugging.
 
@@ -51,6 +51,7 @@ SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt =
 CREATE VIEW summaries AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_summaries;
 CREATE VIEW plateaus AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_plateaus;
 CREATE VIEW scaling_fits AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_scaling_fits;
+CREATE VIEW boundaries AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_boundaries;
 """
 
 

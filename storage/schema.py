@@ -182,9 +182,43 @@ SCALING_FITS = pa.schema(
     ]
 )
 
-#: Tables written by ``phasesweep analyze``: each replaces the sweep's partition whole.
+#: ``phasesweep refine``: one row per line (value of the grid axes other than the searched
+#: one and the seeds) per refinement (metric, level, axis); partition: the refinement sweep.
+BOUNDARIES = pa.schema(
+    [
+        ("parent", pa.string()),  # the sweep refined
+        ("metric", pa.string()),  # final value of a trajectories (or runs) column
+        ("level", F64),
+        ("axis", pa.string()),  # the searched axis (as the parent's grid names it)
+        ("axis_scale", pa.string()),  # 'log' (searched in log10) | 'linear'
+        ("line", pa.string()),  # JSON of the line's other grid axes
+        ("width", I64),  # the line's value of these axes (NULL: not a line axis)
+        ("depth", I64),
+        ("noise_sigma", F64),
+        ("lr", F64),
+        ("activation", pa.string()),
+        ("n_train", I64),
+        ("boundary", F64),  # crossing of the seed-mean metric, interpolated in the bracket
+        ("bracket_low", F64),  # axis values of the bracket: the metric's seed mean
+        ("bracket_high", F64),  # is on opposite sides of the level at its two ends
+        ("seed_boundaries", pa.list_(F64)),  # each seed's crossing in the bracket
+        ("seed_spread", F64),  # sample std of seed_boundaries, in log10 units on a log axis
+        ("bracketed", pa.bool_()),  # False: no crossing within the axis range
+        ("side", pa.string()),  # not bracketed: 'above' | 'below' the level everywhere
+        ("converged", pa.bool_()),  # bracketed and the bracket is at most tol wide
+        ("tol", F64),  # in log10 units on a log axis
+        ("axis_low", F64),  # the range searched
+        ("axis_high", F64),
+        ("n_runs", I64),  # runs of the line used (parent and refinement)
+        ("n_refine_runs", I64),  # of which trained by the refinement
+    ]
+)
+
+#: Tables written by ``phasesweep analyze`` (and ``boundaries`` by ``refine``): each
+#: replaces the sweep's partition whole.
 ANALYSIS_TABLES: dict[str, pa.Schema] = {
     "summaries": SUMMARIES,
     "plateaus": PLATEAUS,
     "scaling_fits": SCALING_FITS,
+    "boundaries": BOUNDARIES,
 }
