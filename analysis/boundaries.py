@@ -27,17 +27,20 @@ BOUNDARY_COLOR = "#1f3b99"
 
 
 def boundaries_frame(
-    store, sweep: str, *, metric: str | None = None, level: float | None = None
+    store_or_con, sweep: str, *, metric: str | None = None, level: float | None = None
 ) -> pd.DataFrame:
     """``boundaries`` rows refining ``sweep`` (those whose parent is ``sweep``, or of the
     refinement sweep itself), optionally of one metric and level; sorted by line.
 
-    ``store``: a ``storage.Store`` or URI. Columns: the ``boundaries`` table's, plus
-    ``sweep`` (the refinement sweep). Empty when the sweep was never refined.
+    ``store_or_con``: a ``storage.Store``, a URI, or an open catalog connection (used
+    as it is and left open). Columns: the ``boundaries`` table's, plus ``sweep`` (the
+    refinement sweep). Empty when the sweep was never refined.
     """
+    import duckdb
     from phasesweep.storage import open_catalog
 
-    con = open_catalog(store)
+    own = not isinstance(store_or_con, duckdb.DuckDBPyConnection)
+    con = open_catalog(store_or_con) if own else store_or_con
     try:
         sql = "SELECT * FROM boundaries WHERE (parent = ? OR sweep = ?)"
         params: list = [sweep, sweep]
@@ -50,7 +53,8 @@ def boundaries_frame(
         order = " ORDER BY metric, level, axis, depth, width, noise_sigma, lr, activation, n_train, line"
         return con.execute(sql + order, params).df()
     finally:
-        con.close()
+        if own:
+            con.close()
 
 
 def _to_cells(values: np.ndarray, cells: Sequence | None, log: bool) -> np.ndarray:

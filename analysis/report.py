@@ -147,6 +147,24 @@ def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def boundaries_display(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ``boundaries`` rows as the report shows them (one row per refined line)."""
+    cols = [
+        "metric",
+        "level",
+        "axis",
+        "line",
+        "boundary",
+        "bracket_low",
+        "bracket_high",
+        "seed_spread",
+        "bracketed",
+        "side",
+        "n_runs",
+    ]
+    return frame[[c for c in cols if c in frame.columns]].reset_index(drop=True)
+
+
 def spec_header(text: str | None) -> str:
     """The leading comment block of a spec's YAML (``#`` stripped), or ""."""
     lines = []
@@ -282,6 +300,7 @@ def report_html(
     plateau_counts: pd.DataFrame | None = None,
     description: str = "",
     provenance: Provenance | None = None,
+    boundaries: pd.DataFrame | None = None,
 ) -> str:
     """The report page (a complete HTML document) from its parts; empty tables are left out."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -342,6 +361,15 @@ def report_html(
         parts.append(
             _table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory", "note"))
         )
+    if boundaries is not None and len(boundaries):
+        parts.append("<h2>Refined phase boundaries</h2>")
+        parts.append(
+            "<p>From <code>phasesweep refine</code>: per line of the other axes, where the "
+            "metric crosses the level along the axis, with the bracketing interval, the "
+            "spread of the seeds' own crossings and the runs used; unbracketed lines say "
+            "on which side of the level the whole axis range lies.</p>"
+        )
+        parts.append(_table(boundaries_display(boundaries), "boundaries-table", ("line",)))
     parts.append("<h2>Spec</h2>")
     parts.append(
         f'<pre id="spec">{html.escape(spec_text) if spec_text else "(no spec stored)"}</pre>'
@@ -368,6 +396,7 @@ def report(
     ``commit``, ``started_at``, ``finished_at``), shown when given; ``command``: the
     command line that makes the report (default ``sys.argv``). Returns the page's path.
     """
+    from phasesweep.analysis.boundaries import boundaries_frame
     from phasesweep.analysis.output import prepare_dir, write_file
     from phasesweep.analysis.plotting import default_out_dir, open_sweep, render_all, upload
     from phasesweep.storage.store import as_store
@@ -392,6 +421,7 @@ def report(
             "WHERE sweep = ? AND n_plateaus IS NOT NULL GROUP BY 1 ORDER BY 1"
         )
         fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
+        refined = boundaries_frame(con, sweep)
         prov = provenance(con, sweep, command, launch)
         spec, spec_text = ctx.spec, ctx.spec_text
     figs = [
@@ -414,6 +444,7 @@ def report(
         plateau_counts=plateau_counts,
         description=spec.description if spec is not None else "",
         provenance=prov,
+        boundaries=refined,
     )
     page = write_file(prepare_dir(out), "report.html", text.encode("utf-8"))
     if out_dir is None and not store.is_local:

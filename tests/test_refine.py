@@ -317,7 +317,7 @@ TINY_REAL = {
 def test_real_refinement_store_table_and_overlay(tmp_path):
     """Refine where param_rel_change of :data:`TINY_REAL` crosses 0.25, in this process."""
     from matplotlib import pyplot as plt
-    from phasesweep.analysis.boundaries import boundaries_frame, draw_boundaries
+    from phasesweep.analysis.boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
     from phasesweep.analysis.figures import phase_diagram_figure
     from phasesweep.pipeline.driver import train_and_store
     from phasesweep.pipeline.grid import expand, make_chunks
@@ -375,6 +375,17 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     line = ax.lines[before]
     assert np.allclose(line.get_xdata(), want) and np.allclose(line.get_ydata(), [0.5, 1.5])
     plt.close(fig)
+    # the parent's own phase diagram carries the overlay, and its report the table
+    from phasesweep.analysis import draw, report
+
+    fig = draw("phase_diagram", store, "tinyref", value="param_rel_change")
+    ax = fig.axes[0]
+    refined = [ln for ln in ax.lines if ln.get_color() == BOUNDARY_COLOR and len(ln.get_xdata())]
+    assert refined and np.allclose(refined[0].get_xdata(), want)
+    assert any("refined boundary" in t.get_text() for t in fig.legends[0].get_texts())
+    plt.close(fig)
+    page = report(store, "tinyref", tmp_path / "report").read_text()
+    assert 'id="boundaries-table"' in page and "param_rel_change" in page
 
 
 def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noqa: F811

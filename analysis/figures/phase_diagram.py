@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from phasesweep.analysis import style
+from phasesweep.analysis.boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
 from phasesweep.analysis.figures._kind import (
     Y_PREFERENCE,
     Context,
@@ -50,6 +51,7 @@ def phase_diagram_figure(
     facet: str | None = None,
     title: str | None = None,
     ax: Axes | None = None,
+    boundaries: pd.DataFrame | None = None,
 ) -> Figure:
     """Heatmap of ``cells`` (rows of :func:`analysis.phase.phase_diagram_sql`).
 
@@ -59,6 +61,8 @@ def phase_diagram_figure(
     rich. Cells where every run diverged are hatched grey and labelled "div"; cells
     where some diverged carry "k/n div". The legend lists only what is drawn.
     ``ax``: draw in its place (facets split it into a grid) instead of a new figure.
+    ``boundaries``: rows of the ``boundaries`` table along ``x`` (``phasesweep refine``),
+    drawn over the cells with their brackets and seed crossings, per facet value.
     """
     facets = [None] if facet is None else sorted_values(cells["facet"])
     xs = sorted_values(cells["x"])
@@ -80,7 +84,7 @@ def phase_diagram_figure(
         norm = mcolors.Normalize(vmin, vmax)
     base = plt.get_cmap(style.SEQUENTIAL)
     cmap = base.with_extremes(under=base(0.0))
-    drawn = {"diverged": False, "not_converged": False, "contour": False}
+    drawn = {"diverged": False, "not_converged": False, "contour": False, "boundary": False}
 
     with style.theme():
         nr, nc = grid_shape(len(facets))
@@ -188,6 +192,10 @@ def phase_diagram_figure(
                     )
                     a.clabel(cs, fmt={threshold: f"{threshold:g}"}, fontsize=8)
                     drawn["contour"] = True
+            if boundaries is not None and not boundaries.empty:
+                lines = boundaries if fv is None else boundaries[boundaries[facet] == fv]
+                n = draw_boundaries(a, lines, y=y, x_cells=xs, y_cells=ys, label=None)
+                drawn["boundary"] = drawn["boundary"] or n > 0
             a.set_xticks(
                 np.arange(len(xs)) + 0.5, [fmt(v) for v in xs], rotation=45 if len(xs) > 6 else 0
             )
@@ -228,6 +236,17 @@ def phase_diagram_figure(
             handles.append(
                 Line2D(
                     [], [], color="#d62728", lw=2.2, label=f"lazy | rich threshold = {threshold:g}"
+                )
+            )
+        if drawn["boundary"]:
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=BOUNDARY_COLOR,
+                    marker="D",
+                    lw=1.2,
+                    label="refined boundary (bar: bracket, ticks: seeds)",
                 )
             )
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
@@ -294,7 +313,11 @@ class PhaseDiagram(FigureKind):
             thr = cfg.lazy_threshold
         elif p.value in ("kernel_distance", "param_rel_change"):
             thr = cfg.fallback_lazy_threshold
-        return {"cells": cells, "threshold": thr}
+        refined = boundaries_frame(ctx.con, ctx.sweep)
+        refined = refined[refined["axis"] == p.x]
+        if p.y not in refined.columns or (p.facet and p.facet not in refined.columns):
+            refined = None  # boundaries are drawn per line of a run axis the table carries
+        return {"cells": cells, "threshold": thr, "boundaries": refined}
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         title = p.title or (
@@ -309,4 +332,5 @@ class PhaseDiagram(FigureKind):
             facet=p.facet,
             title=title,
             ax=ax,
+            boundaries=data.get("boundaries"),
         )
