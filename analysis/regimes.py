@@ -4,6 +4,10 @@ The label is a threshold on a continuous order parameter, and both the value and
 the threshold are stored beside it, so a phase diagram can be redrawn with any
 other threshold without re-running anything.
 
+The values compared are the run's last logged ones ("final" below), or, with
+``analysis.at_time``, those at that common gradient-flow time (see
+``analysis.analyze``), so that runs with different learning rates compare at equal t.
+
 Rules, in order (vectorized over runs):
 
 1. ``status == 'diverged'`` -> ``'diverged'``; ``status == 'failed'`` (no

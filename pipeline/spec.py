@@ -284,6 +284,11 @@ class AnalysisConfig(_Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
     order_parameter: Literal["kernel_distance", "param_rel_change"] = "kernel_distance"
+    #: gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of
+    #: the regime rule are read (interpolated linearly in log t between the two logged
+    #: points around it; NULL for a run that stopped before t). None: each run's last
+    #: logged point. Runs compare at equal t only with this set or with equal t at the end.
+    at_time: PositiveFloat | None = None
     #: runs with the order parameter below this are lazy, above it rich.
     lazy_threshold: PositiveFloat = 0.1
     #: threshold for the other order parameter, used when ``order_parameter`` is NULL

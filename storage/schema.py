@@ -119,7 +119,7 @@ SUMMARIES = pa.schema(
         ("final_kernel_distance", F64),
         # additions (analysis)
         ("order_parameter", pa.string()),  # name of the order parameter the regime used
-        ("order_value", F64),  # its final value (NULL if neither parameter was logged)
+        ("order_value", F64),  # its value at eval_time (NULL if neither parameter was logged)
         ("lazy_threshold", F64),  # the threshold it was compared with
         ("initial_train_loss", F64),  # first logged train loss (L0)
         ("final_train_loss", F64),  # last logged finite train loss
@@ -132,6 +132,12 @@ SUMMARIES = pa.schema(
         *((c, F64) for c in ESCAPE_COLUMNS),  # escape times at ESCAPE_EPS
         ("extra_escape_eps", pa.list_(F64)),  # analysis.extra_escape_eps
         ("extra_escape_times", pa.list_(F64)),  # escape times at those eps, same order
+        # the time the regime rule read the run at (analysis.at_time, else final_time), and
+        # the values it read there (NULL: the run stopped before analysis.at_time)
+        ("eval_time", F64),
+        ("eval_loss_ratio", F64),  # train loss / initial train loss at eval_time
+        ("eval_param_rel_change", F64),
+        ("eval_kernel_distance", F64),
     ]
 )
 
