@@ -71,9 +71,13 @@ class ModelConfig(_Section):
     parameterization: Parameterization = "ntk"
     #: Multiplies the standard deviation of every layer's initial weights.
     init_scale: PositiveFloat = 1.0
-    #: gaussian: i.i.d. normal; balanced: aligned rank-one, exactly balanced layers;
-    #: antisymmetric: two mirrored halves so the output is exactly 0 at init.
-    init: Literal["gaussian", "balanced", "antisymmetric"] = "gaussian"
+    #: gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly
+    #: balanced layers; balanced_full: exactly balanced with the largest rank the layer
+    #: shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored
+    #: halves so the output is exactly 0 at init.
+    init: Literal["gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric"] = (
+        "gaussian"
+    )
     #: What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times
     #: init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius``
     #: (every layer is rescaled to ||W_l(0)||_F = init_scale).
