@@ -43,6 +43,9 @@ Kinds (``data.kind``):
   +1, −1, +1, −1 (the two on the u₂ axis are +1), cycled to n points, plus
   isotropic cluster noise of std ``noise_sigma``. ``layout: paper``: u₁, u₂ =
   e₁, e₂, i.e. [0,1], [2,0], [0,−3], [−4,0]; ``random``: a random orthonormal pair.
+- ``arrays``: the researcher's own x_train, y_train, x_test, y_test (and optionally the
+  data subspace's basis, whose complement is the codimension), read from ``data.path``
+  and validated by :mod:`pipeline.user_data`; nothing is drawn (label noise still is).
 - ``digits``: scikit-learn's bundled 8×8 digits (64 features, 1797 images),
   restricted to ``classes``; a random train/test split from the data seed;
   features standardised with the training split's mean and std (pixels that are
@@ -326,6 +329,18 @@ def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     return Dataset(x_tr, labels(tr), x_te, labels(te))
 
 
+# -- the researcher's own arrays -------------------------------------------------------------
+
+
+def _arrays(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    from phasesweep.pipeline.user_data import BASIS, codim_basis, load_arrays
+
+    arrays, _ = load_arrays(cfg.path)
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}
+    basis = None if BASIS not in arrays else torch.tensor(codim_basis(arrays[BASIS]))
+    return Dataset(t["x_train"], t["y_train"], t["x_test"], t["y_test"], codim_basis=basis)
+
+
 # -- registry --------------------------------------------------------------------------------
 
 #: data.kind → generator(cfg, gen) -> Dataset
@@ -337,6 +352,7 @@ GENERATORS: dict[str, Callable[[DataConfig, torch.Generator], Dataset]] = {
     "orthogonal": _orthogonal_data,
     "xor": _xor,
     "digits": _digits,
+    "arrays": _arrays,
 }
 
 

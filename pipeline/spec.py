@@ -38,6 +38,7 @@ DataKind = Literal[
     "orthogonal",
     "xor",
     "digits",
+    "arrays",
 ]
 
 
@@ -139,6 +140,46 @@ class DataConfig(_Section):
     layout: Literal["random", "paper"] = "random"
     #: data seed; None derives it from ``train.seed``.
     seed: NonNegativeInt | None = None
+    #: arrays: the researcher's own data, a .npz file or a directory of NAME.npy files
+    #: (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim
+    #: with a ``subspace_basis``) come from the arrays; values given must match.
+    path: str | None = None
+    #: arrays: SHA-256 of the data files, filled in on load (so the run ids follow the
+    #: contents, not only the path); a value given must match the files.
+    arrays_sha256: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arrays_dims(cls, raw: Any) -> Any:
+        """arrays data: read and check the files; their shapes fix the sizes."""
+        if not isinstance(raw, dict):
+            return raw
+        if raw.get("kind") != "arrays":
+            if raw.get("path") is not None or raw.get("arrays_sha256") is not None:
+                raise ValueError("path and arrays_sha256 apply to data kind arrays only")
+            return raw
+        from phasesweep.pipeline.user_data import BASIS, load_arrays
+
+        path = raw.get("path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("data kind arrays needs path (a .npz file or a directory)")
+        arrays, sha = load_arrays(path)
+        raw = dict(raw)
+        dims = {
+            "n_train": arrays["x_train"].shape[0],
+            "n_test": arrays["x_test"].shape[0],
+            "input_dim": arrays["x_train"].shape[1],
+            "output_dim": arrays["y_train"].shape[1],
+            "arrays_sha256": sha,
+        }
+        if BASIS in arrays:
+            dims["subspace_dim"] = arrays[BASIS].shape[1]
+        for key, value in dims.items():
+            given = raw.get(key)
+            if given is not None and given != value:
+                raise ValueError(f"{key} is {given!r} but the arrays in {path} give {value!r}")
+            raw[key] = value
+        return raw
 
     @model_validator(mode="before")
     @classmethod
