@@ -30,6 +30,10 @@ Schemes (``model.init``):
   output is 0 up to rounding (|f| ≤ m·u·Σ_j |a_j h_j|, u the unit roundoff).
   The mirroring precedes the scaling, so ``frobenius`` still gives ‖W_l‖_F = g.
 
+- ``file``: the researcher's weights from ``init_path`` (``pipeline.user_data``): the
+  member's own ``W<l>_seed<s>`` (s its ``train.seed``), else the shared ``W<l>``, times
+  g; nothing is drawn.
+
 ``layer_scales`` multiplies layer l by its entry afterwards (unbalanced init).
 Biases start at zero.
 """
@@ -44,6 +48,7 @@ from phasesweep.pipeline.datasets import orthogonal_matrix
 from phasesweep.pipeline.models import EnsembleMLP, Params
 from phasesweep.pipeline.seeding import generator
 from phasesweep.pipeline.spec import ModelConfig
+from phasesweep.pipeline.user_data import load_weights, member_weights
 
 
 def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -58,6 +63,11 @@ def _member_weights(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch
     if cfg.init in ("balanced", "balanced_rank_one"):
         units = [_unit(n, gen) for n in dims]
         weights = [g * torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
+    elif cfg.init == "file":
+        weights = [
+            g * torch.tensor(w, dtype=torch.float64)
+            for w in member_weights(cfg.init_path, load_weights(cfg.init_path)[0], dims, seed)
+        ]
     elif cfg.init == "balanced_full":
         r = min(dims)
         frames = [orthogonal_matrix(gen, n)[:, :r] for n in dims]

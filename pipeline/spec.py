@@ -76,9 +76,41 @@ class ModelConfig(_Section):
     #: balanced layers; balanced_full: exactly balanced with the largest rank the layer
     #: shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored
     #: halves so the output is exactly 0 at init.
-    init: Literal["gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric"] = (
-        "gaussian"
-    )
+    #: file: the researcher's own weights from ``init_path`` (see below).
+    init: Literal[
+        "gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric", "file"
+    ] = "gaussian"
+    #: init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL``
+    #: (fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member
+    #: with that ``train.seed`` (before the shared one). The weights are multiplied by
+    #: ``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given.
+    init_path: str | None = None
+    #: init file: SHA-256 of its bytes, filled in on load (run ids follow the contents).
+    init_sha256: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _init_file(cls, raw: Any) -> Any:
+        """init file: read and check the weights against the hidden widths and the depth."""
+        if not isinstance(raw, dict):
+            return raw
+        if raw.get("init") != "file":
+            if raw.get("init_path") is not None or raw.get("init_sha256") is not None:
+                raise ValueError("init_path and init_sha256 apply to init file only")
+            return raw
+        from phasesweep.pipeline.user_data import check_weights, load_weights
+
+        path = raw.get("init_path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("init file needs init_path (a .npz file or a directory)")
+        weights, sha = load_weights(path)
+        depth, width = raw.get("depth", 2), raw.get("width", 256)
+        if isinstance(depth, int) and isinstance(width, int) and depth >= 1:
+            check_weights(path, weights, [None] + [width] * (depth - 1) + [None])
+        if raw.get("init_sha256") not in (None, sha):
+            raise ValueError(f"init_sha256 does not match the files of {path}")
+        return {**raw, "init_sha256": sha}
+
     #: What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times
     #: init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius``
     #: (every layer is rescaled to ||W_l(0)||_F = init_scale).
@@ -437,6 +469,25 @@ class SweepSpec(_Section):
         if not SWEEP_NAME.match(v):
             raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
         return v
+
+    @model_validator(mode="after")
+    def _init_file_fits(self) -> SweepSpec:
+        """init file: the first and last layers fit the data, and every seed has weights."""
+        if self.model.init != "file":
+            return self
+        from phasesweep.pipeline.grid import axis_path, axis_values
+        from phasesweep.pipeline.user_data import load_weights, member_weights
+
+        m, path = self.model, self.model.init_path
+        dims = [self.data.input_dim] + [m.width] * (m.depth - 1) + [self.data.output_dim]
+        seeds = [self.train.seed]
+        for axis, values in self.grid.items():
+            if axis_path(axis) == "train.seed":
+                seeds = axis_values(axis, values)
+        weights, _ = load_weights(path)
+        for seed in seeds:
+            member_weights(path, weights, dims, seed)
+        return self
 
     def base(self) -> RunConfig:
         return RunConfig(model=self.model, data=self.data, train=self.train, metrics=self.metrics)

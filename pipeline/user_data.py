@@ -1,4 +1,5 @@
-"""A researcher's own arrays as a dataset (``data.kind: arrays``), validated on load.
+"""A researcher's own arrays, validated on load: a dataset (``data.kind: arrays``) and
+initial weights (``model.init: file``).
 
 ``data.path`` names a ``.npz`` file, or a directory of ``NAME.npy`` files, holding
 
@@ -7,6 +8,11 @@
 - optionally ``subspace_basis`` (d, d_x), d_x < d, orthonormal columns spanning the
   data subspace: its orthogonal complement is the codimension of the
   ``transversal_grad_sq`` metric (as for ``subspace`` data).
+
+Initial weights (``model.init_path``, same file forms): ``W1`` … ``WL`` of shape
+(fan_out, fan_in), shared by every member, and/or ``W1_seed0`` … for the member with
+that ``train.seed``; checked against the model's widths and depth (the spec's
+``model`` section) and its input and output dims and grid seeds (the whole spec).
 
 Every array must be finite, and the shapes must agree (rows of x and y, d of both x,
 k of both y). Any problem is a ``ValueError`` naming the file and the array (the
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,42 +36,9 @@ ORTHONORMAL_TOL = 1e-8
 
 
 def load_arrays(path: str) -> tuple[dict[str, np.ndarray], str]:
-    """The validated arrays of ``path`` (y as 2-D float64, read-only) and the SHA-256 of
-    the file's bytes (of the .npy files in name order for a directory)."""
-    p = Path(path)
-    try:
-        files = _files(p)
-        stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
-    return _load(str(p), stamp)
-
-
-def _files(p: Path) -> list[Path]:
-    if p.is_dir():
-        return sorted(p.glob("*.npy"))
-    if p.suffix != ".npz":
-        raise ValueError(f"{p}: give a .npz file or a directory of NAME.npy files")
-    p.stat()  # OSError if missing
-    return [p]
-
-
-@functools.lru_cache(maxsize=8)
-def _load(path: str, stamp: tuple) -> tuple[dict[str, np.ndarray], str]:
-    p = Path(path)
-    digest = hashlib.sha256()
-    raw: dict[str, np.ndarray] = {}
-    try:
-        if p.is_dir():
-            for f in sorted(p.glob("*.npy")):
-                digest.update(f.read_bytes())
-                raw[f.stem] = np.load(f, allow_pickle=False)
-        else:
-            digest.update(p.read_bytes())
-            with np.load(p, allow_pickle=False) as npz:
-                raw = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read the arrays ({e})") from None
+    """The validated data arrays of ``path`` (y as 2-D float64, read-only) and the SHA-256
+    of the file's bytes (of the .npy files in name order for a directory)."""
+    raw, sha = read(path)
     arrays = {name: _array(path, name, raw) for name in REQUIRED}
     for name in ("y_train", "y_test"):
         if arrays[name].ndim == 1:
@@ -86,7 +60,105 @@ def _load(path: str, stamp: tuple) -> tuple[dict[str, np.ndarray], str]:
         arrays[BASIS] = _basis(path, _array(path, BASIS, raw), arrays["x_train"].shape[1])
     for a in arrays.values():
         a.flags.writeable = False
-    return arrays, digest.hexdigest()
+    return arrays, sha
+
+
+#: initial weights: ``W<l>`` shared by all members, ``W<l>_seed<s>`` for train.seed s.
+WEIGHT_NAME = re.compile(r"^W([1-9][0-9]*)(?:_seed([0-9]+))?$")
+
+
+def load_weights(path: str) -> tuple[dict[str, np.ndarray], str]:
+    """The initial weights of ``path`` (names ``W1``…, or ``W1_seed0``…; each a finite real
+    2-D (fan_out, fan_in) array, float64, read-only) and the files' SHA-256."""
+    raw, sha = read(path)
+    out = {}
+    for name in raw:
+        if not WEIGHT_NAME.match(name):
+            raise ValueError(f"{path}: array {name}: weights are named W1, W2, … or W1_seed0, …")
+        a = _array(path, name, raw)
+        if a.ndim != 2 or 0 in a.shape:
+            raise ValueError(f"{path}: array {name} has shape {a.shape}, want (fan_out, fan_in)")
+        a.flags.writeable = False
+        out[name] = a
+    return out, sha
+
+
+def check_weights(path: str, weights: dict[str, np.ndarray], dims: list[int | None]) -> None:
+    """Every array of ``weights`` fits the model of layer sizes ``dims`` (d_0 … d_L; None:
+    not known here, not checked), and every layer has a shared or a per-seed array."""
+    depth = len(dims) - 1
+    layers = {name: int(WEIGHT_NAME.match(name).group(1)) for name in weights}
+    for name, l in layers.items():
+        if l > depth:
+            raise ValueError(f"{path}: array {name}: the model has {depth} layers")
+        _check_shape(path, name, weights[name], dims[l], dims[l - 1])
+    for l in range(1, depth + 1):
+        if l not in layers.values():
+            raise ValueError(f"{path}: array W{l} is missing (layer {l} of {depth})")
+
+
+def member_weights(
+    path: str, weights: dict[str, np.ndarray], dims: list[int], seed: int
+) -> list[np.ndarray]:
+    """Layers 1..L of the member with train.seed ``seed``: its ``W<l>_seed<s>``, else the
+    shared ``W<l>``; checked against ``dims``."""
+    out = []
+    for l in range(1, len(dims)):
+        name = next((n for n in (f"W{l}_seed{seed}", f"W{l}") if n in weights), None)
+        if name is None:
+            raise ValueError(f"{path}: array W{l}_seed{seed} (or W{l}) is missing")
+        _check_shape(path, name, weights[name], dims[l], dims[l - 1])
+        out.append(weights[name])
+    return out
+
+
+def _check_shape(path: str, name: str, a: np.ndarray, fan_out, fan_in) -> None:
+    for want, got in zip((fan_out, fan_in), a.shape):
+        if want is not None and want != got:
+            shown = ", ".join("?" if w is None else str(w) for w in (fan_out, fan_in))
+            raise ValueError(f"{path}: array {name} has shape {a.shape}, the model needs ({shown})")
+
+
+def read(path: str) -> tuple[dict[str, np.ndarray], str]:
+    """All arrays of a .npz file or a directory of NAME.npy files (cached per file version)
+    and the SHA-256 of their bytes."""
+    p = Path(path)
+    try:
+        files = _files(p)
+        stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
+    return _read(str(p), stamp)
+
+
+def _files(p: Path) -> list[Path]:
+    if p.is_dir():
+        return sorted(p.glob("*.npy"))
+    if p.suffix != ".npz":
+        raise ValueError(f"{p}: give a .npz file or a directory of NAME.npy files")
+    p.stat()  # OSError if missing
+    return [p]
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, stamp: tuple) -> tuple[dict[str, np.ndarray], str]:
+    p = Path(path)
+    digest = hashlib.sha256()
+    raw: dict[str, np.ndarray] = {}
+    try:
+        if p.is_dir():
+            for f in sorted(p.glob("*.npy")):
+                digest.update(f.read_bytes())
+                raw[f.stem] = np.load(f, allow_pickle=False)
+        else:
+            digest.update(p.read_bytes())
+            with np.load(p, allow_pickle=False) as npz:
+                raw = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read the arrays ({e})") from None
+    for a in raw.values():
+        a.flags.writeable = False
+    return raw, digest.hexdigest()
 
 
 def _array(path: str, name: str, raw: dict[str, np.ndarray]) -> np.ndarray:

@@ -124,3 +124,86 @@ def test_cli_exits_2_and_writes_nothing_for_bad_arrays(tmp_path, phasesweep_cli)
     assert proc.returncode == 2, err
     assert "x_test" in err and "bad.npz" in err
     assert not store.exists() or not any(store.rglob("*"))
+
+
+# -- initial weights from a file -----------------------------------------------------------
+
+
+def _init_spec(path, grid=None, **model):
+    return validate_spec(
+        {
+            "name": "byo_init",
+            "model": {"depth": 3, "width": 5, "init": "file", "init_path": str(path), **model},
+            "data": {"kind": "teacher", "input_dim": 4, "output_dim": 2, "n_train": 8},
+            "train": {"steps": 2, "log_points": 2, "lr": 0.01},
+            "metrics": {"probe_size": 4},
+            "grid": grid or {"seed": [0, 1]},
+        }
+    )
+
+
+def test_init_file_shared_and_per_seed_weights(tmp_path):
+    rng = np.random.default_rng(3)
+    w = {
+        "W1": rng.standard_normal((5, 4)),
+        "W1_seed1": rng.standard_normal((5, 4)),
+        "W2": rng.standard_normal((5, 5)),
+        "W3": rng.standard_normal((2, 5)),
+    }
+    path = tmp_path / "w.npz"
+    np.savez(path, **w)
+    spec = _init_spec(path, grid={"seed": [0, 1], "init_scale": [1.0, 0.5]})
+    (chunk,) = make_chunks(expand(spec), spec)
+    tr = ChunkTrainer(chunk)
+    for e, p in enumerate(chunk.points):
+        g, seed = p.config.model.init_scale, p.config.train.seed
+        first = w["W1_seed1"] if seed == 1 else w["W1"]  # its own, else the shared one
+        for got, want in zip(tr.params0.weights, [first, w["W2"], w["W3"]]):
+            assert torch.equal(got[e], g * torch.from_numpy(want))
+
+
+@pytest.mark.parametrize(
+    "weights,grid,match",
+    [
+        ({"W1": (5, 3)}, None, r"W1 has shape \(5, 3\), the model needs \(5, 4\)"),
+        ({"W3": (2, 4)}, None, r"W3 has shape \(2, 4\), the model needs \(\?, 5\)"),
+        ({"W2": None}, None, "W2 is missing"),
+        ({"W4": (2, 5)}, None, "W4: the model has 3 layers"),
+        ({"W1": None, "W1_seed0": (5, 4)}, None, "W1_seed1 \\(or W1\\) is missing"),
+        ({}, {"seed": [0], "width": [5, 6]}, r"W1 has shape \(5, 4\), the model needs \(6, \?\)"),
+        ({"W2": "nan"}, None, "W2 has 1 non-finite"),
+        ({"B1": (5, 4)}, None, "array B1: weights are named"),
+    ],
+)
+def test_bad_init_files_name_the_file_and_the_array(tmp_path, weights, grid, match):
+    rng = np.random.default_rng(0)
+    w = {"W1": (5, 4), "W2": (5, 5), "W3": (2, 5)}
+    w.update(weights)
+    arrays = {}
+    for name, shape in w.items():
+        if shape is None:
+            continue
+        if shape == "nan":
+            arrays[name] = rng.standard_normal((5, 5))
+            arrays[name][2, 2] = np.nan
+        else:
+            arrays[name] = rng.standard_normal(shape)
+    path = tmp_path / "w.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(SpecError, match=match) as err:
+        expand(_init_spec(path, grid=grid))
+    assert str(path) in str(err.value)
+
+
+def test_cli_exits_2_and_writes_nothing_for_a_bad_init_file(tmp_path, phasesweep_cli):
+    np.savez(tmp_path / "w.npz", W1=np.ones((4, 10)), W2=np.full((1, 3), np.nan))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: byo\nmodel: {width: 4, init: file, init_path: " + str(tmp_path / "w.npz") + "}\n"
+    )
+    store = tmp_path / "store"
+    proc = phasesweep_cli(["run", str(spec), "--store", str(store)])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err
+    assert "W2" in err and "w.npz" in err and "non-finite" in err
+    assert not store.exists() or not any(store.rglob("*"))
