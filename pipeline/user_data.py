@@ -1,7 +1,8 @@
 """A researcher's own arrays, validated on load: a dataset (``data.kind: arrays``) and
 initial weights (``model.init: file``).
 
-``data.path`` names a ``.npz`` file, or a directory of ``NAME.npy`` files, holding
+``data.path`` names a ``.npz`` file, or a directory of ``NAME.npy`` files or
+``NAME.parquet`` tables (one numeric column per feature, in order), holding
 
 - ``x_train`` (n, d), ``y_train`` (n, k) or (n,), ``x_test`` (n', d), ``y_test`` (n', k)
   or (n',): any real numeric dtype, read as float64;
@@ -83,6 +84,16 @@ def load_weights(path: str) -> tuple[dict[str, np.ndarray], str]:
     return out, sha
 
 
+def _parquet(f: Path) -> np.ndarray:
+    """A Parquet table as a (rows, columns) array, columns in file order (nulls read as
+    NaN; text columns give a text array, which the checks reject)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(f)
+    cols = [c.to_numpy(zero_copy_only=False) for c in table.columns]
+    return np.column_stack(cols) if cols else np.zeros((table.num_rows, 0))
+
+
 def check_weights(path: str, weights: dict[str, np.ndarray], dims: list[int | None]) -> None:
     """Every array of ``weights`` fits the model of layer sizes ``dims`` (d_0 … d_L; None:
     not known here, not checked), and every layer has a shared or a per-seed array."""
@@ -120,7 +131,8 @@ def _check_shape(path: str, name: str, a: np.ndarray, fan_out, fan_in) -> None:
 
 
 def read(path: str) -> tuple[dict[str, np.ndarray], str]:
-    """All arrays of a .npz file or a directory of NAME.npy files (cached per file version)
+    """All arrays of a .npz file or a directory of NAME.npy / NAME.parquet files (cached per
+    file version)
     and the SHA-256 of their bytes."""
     p = Path(path)
     try:
@@ -133,9 +145,9 @@ def read(path: str) -> tuple[dict[str, np.ndarray], str]:
 
 def _files(p: Path) -> list[Path]:
     if p.is_dir():
-        return sorted(p.glob("*.npy"))
+        return sorted([*p.glob("*.npy"), *p.glob("*.parquet")])
     if p.suffix != ".npz":
-        raise ValueError(f"{p}: give a .npz file or a directory of NAME.npy files")
+        raise ValueError(f"{p}: give a .npz file or a directory of NAME.npy / .parquet files")
     p.stat()  # OSError if missing
     return [p]
 
@@ -147,9 +159,11 @@ def _read(path: str, stamp: tuple) -> tuple[dict[str, np.ndarray], str]:
     raw: dict[str, np.ndarray] = {}
     try:
         if p.is_dir():
-            for f in sorted(p.glob("*.npy")):
+            for f in _files(p):
                 digest.update(f.read_bytes())
-                raw[f.stem] = np.load(f, allow_pickle=False)
+                raw[f.stem] = (
+                    _parquet(f) if f.suffix == ".parquet" else np.load(f, allow_pickle=False)
+                )
         else:
             digest.update(p.read_bytes())
             with np.load(p, allow_pickle=False) as npz:

@@ -207,3 +207,22 @@ def test_cli_exits_2_and_writes_nothing_for_a_bad_init_file(tmp_path, phasesweep
     assert proc.returncode == 2, err
     assert "W2" in err and "w.npz" in err and "non-finite" in err
     assert not store.exists() or not any(store.rglob("*"))
+
+
+def test_directory_of_parquet_tables(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a = _arrays(d=3, k=1)
+    for name, v in a.items():
+        cols = {f"c{j}": v[:, j] for j in range(v.shape[1])}
+        pq.write_table(pa.table(cols), tmp_path / f"{name}.parquet")
+    spec = _spec(tmp_path)
+    (chunk,) = make_chunks(expand(spec), spec)
+    b = ChunkTrainer(chunk).batch
+    assert torch.equal(b.x_train[0], torch.from_numpy(a["x_train"]))
+    assert torch.equal(b.y_test[1], torch.from_numpy(a["y_test"]))
+    # a null in a table is a non-finite value of that array
+    pq.write_table(pa.table({"c0": pa.array([1.0, None] + [0.0] * 4)}), tmp_path / "y_test.parquet")
+    with pytest.raises(SpecError, match="y_test has 1 non-finite"):
+        _spec(tmp_path)
