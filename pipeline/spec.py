@@ -172,8 +172,8 @@ class DataConfig(_Section):
     layout: Literal["random", "paper"] = "random"
     #: data seed; None derives it from ``train.seed``.
     seed: NonNegativeInt | None = None
-    #: arrays: the researcher's own data, a .npz file or a directory of NAME.npy files
-    #: (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim
+    #: arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or
+    #: NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim
     #: with a ``subspace_basis``) come from the arrays; values given must match.
     path: str | None = None
     #: arrays: SHA-256 of the data files, filled in on load (so the run ids follow the
