@@ -57,6 +57,8 @@ TRAJECTORY_COLUMNS = [
     "kernel_distance",
     "act_flip_frac",
     "transversal_grad_sq",
+    "lin_test_loss",
+    "lin_distance",
 ]
 #: runs columns (besides depth) that split scaling fits when they are grid axes.
 GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
@@ -125,6 +127,7 @@ def compute_summaries(
         eval_ratio,
         at["kernel_distance"],
         at["param_rel_change"],
+        lin_distance=at["lin_distance"],
         order_parameter=cfg.order_parameter,
         lazy_threshold=cfg.lazy_threshold,
         fallback_lazy_threshold=cfg.fallback_lazy_threshold,
@@ -169,6 +172,8 @@ def compute_summaries(
             "eval_loss_ratio": eval_ratio,
             "eval_param_rel_change": at["param_rel_change"],
             "eval_kernel_distance": at["kernel_distance"],
+            "final_lin_test_loss": finals["lin_test_loss"],
+            "final_lin_distance": finals["lin_distance"],
         }
     )
     out.loc[counts < 0, "n_plateaus"] = pd.NA
@@ -186,7 +191,7 @@ def evaluated(
     """The values the regime rule reads, per run: at ``at_time`` (``analysis.at_time``:
     :func:`series.value_at`, NaN for a run that stopped before it), else the last finite
     ones (``finals``). ``time``: the time they belong to."""
-    cols = ("train_loss", "kernel_distance", "param_rel_change")
+    cols = ("train_loss", "kernel_distance", "param_rel_change", "lin_distance")
     if at_time is None:
         out = {c: finals[c] for c in cols}
         out["time"] = ser.last_time_finite(s, "train_loss")

@@ -348,6 +348,10 @@ class MetricsConfig(_Section):
     transversal: bool = True
     #: per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.
     spectra: bool = True
+    #: the kernel predictor (lin_test_loss, lin_distance): the linearized model at init
+    #: trained by gradient flow to each logged time; needs ``ntk``, one output and
+    #: n_train <= 512 (the train kernel's eigendecomposition, once per chunk).
+    linearized: bool = True
     #: even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).
     even_part: bool | None = None
     #: most work of the singular values and the NTK eigenvalues as a fraction of the
@@ -360,7 +364,9 @@ class MetricsConfig(_Section):
 class AnalysisConfig(_Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
-    order_parameter: Literal["kernel_distance", "param_rel_change"] = "kernel_distance"
+    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = (
+        "kernel_distance"
+    )
     #: gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of
     #: the regime rule are read (interpolated linearly in log t between the two logged
     #: points around it; NULL for a run that stopped before t). None: each run's last

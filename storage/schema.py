@@ -91,6 +91,11 @@ TRAJECTORIES = pa.schema(
         ("output_norm", F64),  # RMS of f over the probe set
         ("even_part_frac", F64),  # symmetric data: ||f_even|| / ||f|| on the probe set
         ("kernel_rel_change", F64),  # ||K_t - K_0||_F / ||K_0||_F on the probe set
+        # the kernel predictor: the linearized model at init trained by gradient flow to the
+        # same t (closed form, NTK at init); on the probe set, one output only
+        ("probe_test_loss", F64),  # the net's loss 1/(2P) sum ||f - y||^2 on the probe set
+        ("lin_test_loss", F64),  # the same loss of the linearized model
+        ("lin_distance", F64),  # RMS of f - f_lin over the probe set
     ]
 )
 
@@ -138,6 +143,9 @@ SUMMARIES = pa.schema(
         ("eval_loss_ratio", F64),  # train loss / initial train loss at eval_time
         ("eval_param_rel_change", F64),
         ("eval_kernel_distance", F64),
+        # the kernel predictor at the last logged point (trajectories.lin_*)
+        ("final_lin_test_loss", F64),
+        ("final_lin_distance", F64),
     ]
 )
 
