@@ -151,3 +151,28 @@ def test_lin_distance_as_the_order_parameter_of_the_regimes():
     by_g = runs.set_index("run_id").init_scale[s.index]
     assert s.loc[by_g == 0.1, "regime"].item() == "rich"
     assert s.loc[by_g == 3.0, "regime"].item() == "lazy"
+
+
+def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
+    # the recorder of a large chunk works in blocks of members: each gets its own times
+    import phasesweep.pipeline.trainer as trainer_mod
+
+    spec = validate_spec(
+        {
+            "name": "lin",
+            "model": {"depth": 2, "width": 8},
+            "data": {"kind": "teacher", "input_dim": 3, "n_train": 6, "n_test": 4},
+            "train": {"lr": 0.05, "steps": 20, "log_points": 4},
+            "metrics": {"probe_size": 4, "spectra": False},
+            "grid": {"lr": [0.01, 0.05, 0.1]},
+        }
+    )
+    (chunk,) = make_chunks(expand(spec), spec)
+    whole = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
+    monkeypatch.setattr(trainer_mod, "METRICS_BLOCK_BYTES", 1)  # one member per block
+    blocked = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
+    cols = ["lin_test_loss", "lin_distance", "probe_test_loss"]
+    key = ["run_id", "step"]
+    a, b = whole.sort_values(key), blocked.sort_values(key)
+    assert a[cols].notna().all().all()
+    np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), rtol=1e-12, atol=1e-15)
