@@ -6,6 +6,11 @@ The core, :func:`analyze_frames`, is pure: pandas frames of ``runs`` and
 takes the thresholds from the sweep's stored spec (``analysis:``; defaults if
 there is none), and replaces the sweep's partitions of the three tables, so it
 can be rerun at any time (e.g. with other thresholds) and gives the same rows.
+
+The regime rule reads each run at its last logged point, or, with
+``analysis.at_time``, at that common gradient-flow time (linear in log t between
+the logged points around it; NULL for runs that stopped before it): the
+``eval_*`` columns of ``summaries`` hold what it read.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ TRAJECTORY_COLUMNS = [
     "kernel_distance",
     "act_flip_frac",
     "transversal_grad_sq",
+    "lin_test_loss",
+    "lin_distance",
 ]
 #: runs columns (besides depth) that split scaling fits when they are grid axes.
 GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
@@ -109,12 +116,18 @@ def compute_summaries(
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(l0 > 0, lend / l0, np.nan)
     finals = {c: ser.last_finite(s, c) for c in TRAJECTORY_COLUMNS}
+    at = evaluated(s, finals, cfg.at_time)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eval_ratio = np.where(l0 > 0, at["train_loss"] / l0, np.nan)
+    if cfg.at_time is None:
+        eval_ratio = ratio
 
     reg = classify(
         status,
-        ratio,
-        finals["kernel_distance"],
-        finals["param_rel_change"],
+        eval_ratio,
+        at["kernel_distance"],
+        at["param_rel_change"],
+        lin_distance=at["lin_distance"],
         order_parameter=cfg.order_parameter,
         lazy_threshold=cfg.lazy_threshold,
         fallback_lazy_threshold=cfg.fallback_lazy_threshold,
@@ -155,6 +168,12 @@ def compute_summaries(
             "final_act_flip_frac": finals["act_flip_frac"],
             "final_transversal_grad_sq": finals["transversal_grad_sq"],
             "escape_eps": cfg.escape_eps,
+            "eval_time": at["time"],
+            "eval_loss_ratio": eval_ratio,
+            "eval_param_rel_change": at["param_rel_change"],
+            "eval_kernel_distance": at["kernel_distance"],
+            "final_lin_test_loss": finals["lin_test_loss"],
+            "final_lin_distance": finals["lin_distance"],
         }
     )
     out.loc[counts < 0, "n_plateaus"] = pd.NA
@@ -164,6 +183,22 @@ def compute_summaries(
     out["extra_escape_eps"] = [list(extra)] * len(out)
     out["extra_escape_times"] = [_none_nan(row) for row in esc[:, len(eps_all) - nx :]]
     return out, plateaus
+
+
+def evaluated(
+    s: ser.Series, finals: dict[str, np.ndarray], at_time: float | None
+) -> dict[str, np.ndarray]:
+    """The values the regime rule reads, per run: at ``at_time`` (``analysis.at_time``:
+    :func:`series.value_at`, NaN for a run that stopped before it), else the last finite
+    ones (``finals``). ``time``: the time they belong to."""
+    cols = ("train_loss", "kernel_distance", "param_rel_change", "lin_distance")
+    if at_time is None:
+        out = {c: finals[c] for c in cols}
+        out["time"] = ser.last_time_finite(s, "train_loss")
+        return out
+    out = {c: ser.value_at(s, c, at_time) for c in cols}
+    out["time"] = np.where(np.isfinite(out["train_loss"]), at_time, np.nan)
+    return out
 
 
 def fit_mask(df: pd.DataFrame, cfg: AnalysisConfig) -> pd.Series:

@@ -24,7 +24,13 @@ drop's *steep part* runs from the plateau's end until the rate falls back below
 - the plateau lasts at least ``min_duration_ratio`` times the steep part:
   saddles are left quickly compared to the time spent near them.
 
-Both guards are local, and they reject the short flat bits and rate spikes that
+- the drop's core (its segments within √contrast of the peak rate) falls on average
+  at least ``contrast`` times faster than the plateau (its mean rate): a steady
+  decay cut up by noise does not accelerate on average. The core, not the whole
+  steep part, so that a short plateau between two close saddles is not diluted by
+  the ramps of its drop.
+
+The guards are local, and they reject the short flat bits and rate spikes that
 noise cuts out of a steady decay. Failing candidates are dropped one at a time
 (lowest prominence first; its plateau merges into the next) until all pass.
 The plateau's ``level`` is the geometric mean of the logged losses on it,
@@ -148,10 +154,15 @@ def _plateaus_for(
         c = float(np.exp(min(log_rate[p] - log_rate[v], np.log(MAX_CONTRAST))))
         k_end = p + 1 + slow[0] if len(slow) else len(t) - 1
         steep = 1.0 - float(np.exp(env[k_end] - env[b + 1]))
-        # mean rates over the whole plateau and the whole steep part
+        # mean rate over the whole plateau against the mean rate over the core of the drop
+        # (its segments within sqrt(contrast) of the peak rate): the steep part's ramps
+        # would dilute a short drop between two close saddles
         rate_plateau = (env[a] - env[b + 1]) / (t[b + 1] - t[a])
-        rate_steep = (env[b + 1] - env[k_end]) / max(t[k_end] - t[b + 1], 1e-300)
-        if rate_steep < contrast * rate_plateau:
+        seg = np.arange(b + 1, k_end)
+        core = seg[log_rate[seg] >= log_rate[p] - 0.5 * np.log(contrast)]
+        dt = np.diff(t)
+        rate_core = (env[core] - env[core + 1]).sum() / max(dt[core].sum(), 1e-300)
+        if rate_core < contrast * rate_plateau:
             steep = 0.0  # not an acceleration on average: noise
         spans.append((level, float(t[a]), float(t[b + 1]), c, drop_end, steep))
         prev = p

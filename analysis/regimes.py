@@ -4,6 +4,10 @@ The label is a threshold on a continuous order parameter, and both the value and
 the threshold are stored beside it, so a phase diagram can be redrawn with any
 other threshold without re-running anything.
 
+The values compared are the run's last logged ones ("final" below), or, with
+``analysis.at_time``, those at that common gradient-flow time (see
+``analysis.analyze``), so that runs with different learning rates compare at equal t.
+
 Rules, in order (vectorized over runs):
 
 1. ``status == 'diverged'`` -> ``'diverged'``; ``status == 'failed'`` (no
@@ -13,10 +17,12 @@ Rules, in order (vectorized over runs):
 3. Otherwise compare the order parameter's final value with ``lazy_threshold``:
    below -> ``'lazy'``, at or above -> ``'rich'``. The order parameter is
    ``order_parameter`` (``kernel_distance`` by default: 1 - cos(K_t, K_0) of the
-   empirical NTK); if it is NULL for a run (NTK not logged), the other one
-   (``param_rel_change``) is used with ``fallback_lazy_threshold`` (default: the
-   same threshold), and ``order_parameter`` in the summary says which one. If
-   both are NULL the regime is NULL.
+   empirical NTK; ``lin_distance``, the RMS distance on the probe set between the
+   net and its linearization at init trained to the same t, is the third choice);
+   if it is NULL for a run (NTK not logged), ``param_rel_change`` (or, when that is
+   the primary one, ``kernel_distance``) is used with ``fallback_lazy_threshold``
+   (default: the same threshold), and ``order_parameter`` in the summary says which
+   one. If both are NULL the regime is NULL.
 
 Caveat: the kernel distance of a two-layer *linear* net barely moves even from
 a tiny init (its NTK keeps the ``‖W2‖² XXᵀ`` part, which only grows in scale),
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ORDER_PARAMETERS = ("kernel_distance", "param_rel_change")
+ORDER_PARAMETERS = ("kernel_distance", "param_rel_change", "lin_distance")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ def classify(
     kernel_distance: np.ndarray,
     param_rel_change: np.ndarray,
     *,
+    lin_distance: np.ndarray | None = None,
     order_parameter: str = "kernel_distance",
     lazy_threshold: float = 0.1,
     fallback_lazy_threshold: float | None = None,
@@ -61,8 +68,11 @@ def classify(
     values = {
         "kernel_distance": np.asarray(kernel_distance, dtype=np.float64),
         "param_rel_change": np.asarray(param_rel_change, dtype=np.float64),
+        "lin_distance": np.full(len(status), np.nan)
+        if lin_distance is None
+        else np.asarray(lin_distance, dtype=np.float64),
     }
-    other = ORDER_PARAMETERS[1 - ORDER_PARAMETERS.index(order_parameter)]
+    other = "kernel_distance" if order_parameter == "param_rel_change" else "param_rel_change"
     fallback = lazy_threshold if fallback_lazy_threshold is None else fallback_lazy_threshold
     primary = values[order_parameter]
     use_primary = np.isfinite(primary)

@@ -8,9 +8,11 @@ gradient flow; aligned with an escape direction of speed ``s`` its norm obeys
 
 - ``L >= 3``: ``t ≈ (||θ0||^(2-L) - r^(2-L)) / ((L-2) L s)  ∝  α^-(L-2)``: a
   power law, slope ``-(L-2)`` of ``log t`` vs ``log α``;
-- ``L = 2``: ``t ≈ log(r / ||θ0||) / (2 s)``: logarithmic, ``t = a + b log(1/α)``.
-  On log-log axes this is no power law; ``log t`` vs ``log log(1/α)`` tends to
-  slope 1 as ``α -> 0`` (the O(1) offset ``a`` biases finite ranges). The
+- ``L = 2``: ``||θ||`` grows like ``e^{st}``, so ``t ≈ log(r / ||θ0||) / s``:
+  logarithmic, ``t = a + b log(1/α)`` with ``b = 1/s``. This linear form is the
+  depth-2 law that is fitted. On log-log axes it is no power law; ``log t`` vs
+  ``log log(1/α)`` tends to slope 1 only as ``α -> 0`` (the O(1) offset ``a`` bends
+  it on any finite range), so that row carries no theory slope. The
   coefficient ``b`` is not universal: for a whitened two-layer *linear* net
   with small balanced init in phasesweep's conventions (loss 1/(2n) Σ||f-y||²,
   t = Σ lr, standard parameterization) each mode is the logistic
@@ -25,8 +27,9 @@ Fits (one row per group, i.e. per depth and per value of the other grid axes):
 
 - ``x = 'log_init_scale'``, ``y = 'log_escape_time'``: every depth.
 - depth 2 also: ``x = 'log_inv_init_scale'``, ``y = 'escape_time'`` (the linear law
-  above; slope = ``b``) and ``x = 'log_log_inv_init_scale'``, ``y = 'log_escape_time'``
-  (init scales below 1 only; theory slope 1).
+  above, ``t = a + b log(1/α)``: slope = ``b``, intercept = ``a``) and, for reference,
+  ``x = 'log_log_inv_init_scale'``, ``y = 'log_escape_time'`` (init scales below 1
+  only; no theory slope: slope 1 holds only in the limit α -> 0).
 
 A fit needs, per seed, escape times at >= 2 init scales spanning at least
 ``min_decades`` decades. With >= 2 such seeds the slope is the mean of the
@@ -57,9 +60,9 @@ def theory(depth: int, x: str) -> tuple[float | None, str]:
             return None, "t ≈ log(1/α)/s + O(1): logarithmic, no power law (L=2)"
         return None, "no saddle (depth 1 is convex)"
     if x == "log_inv_init_scale":
-        return None, "t ≈ b·log(1/α) + a, b = 1/s1 (whitened linear, standard param.)"
+        return None, "t = a + b·log(1/α), b = 1/s (escape ∝ e^(st); whitened linear: s = s1)"
     if x == "log_log_inv_init_scale":
-        return 1.0, "t ∝ log(1/α) as α → 0 (L=2)"
+        return None, "→ 1 only as α → 0; the law is t = a + b·log(1/α) (log_inv_init_scale)"
     raise ValueError(f"unknown fit x {x!r}")
 
 

@@ -128,3 +128,38 @@ def last_time_finite(series: Series, column: str) -> np.ndarray:
     has = s.lengths > 0
     out[has] = s.time[s.ends[has] - 1]
     return out
+
+
+#: relative tolerance within which a run's last logged time counts as having reached ``t``
+#: (t = Σ lr_k is accumulated step by step, so lr · steps lands a few ulps off).
+REACH_RTOL = 1e-9
+
+
+def value_at(series: Series, column: str, t: float) -> np.ndarray:
+    """(R,) the value of ``column`` at gradient-flow time ``t`` per run (NaN: not reached).
+
+    Among the rows where ``column`` is finite: the logged value at ``t`` itself, else
+    interpolated linearly in ``log t`` between the two logged points around ``t`` (exact
+    for a value linear in log t, the shape of log-spaced logging; linearly in ``t`` on the
+    first segment, which starts at t = 0). A run whose last such point lies before
+    ``t`` (by more than :data:`REACH_RTOL`) did not reach it: NaN, never an extrapolation.
+    """
+    s = series.select(column)
+    out = np.full(s.n_runs, np.nan)
+    if not len(s.time):
+        return out
+    time, v = s.time, s.values[column]
+    j = segment_last_true(time <= t, s.starts, s.ends)
+    has = j >= 0
+    jj = j[has]
+    exact = time[jj] >= t * (1.0 - REACH_RTOL)
+    nxt = jj + 1 < s.ends[has]
+    val = np.where(exact, v[jj], np.nan)
+    inner = ~exact & nxt
+    k = jj[inner]
+    t0, t1 = time[k], time[k + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(t0 > 0, np.log(t / t0) / np.log(t1 / t0), (t - t0) / (t1 - t0))
+    val[inner] = v[k] + w * (v[k + 1] - v[k])
+    out[has] = val
+    return out

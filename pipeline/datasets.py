@@ -43,6 +43,9 @@ Kinds (``data.kind``):
   +1, −1, +1, −1 (the two on the u₂ axis are +1), cycled to n points, plus
   isotropic cluster noise of std ``noise_sigma``. ``layout: paper``: u₁, u₂ =
   e₁, e₂, i.e. [0,1], [2,0], [0,−3], [−4,0]; ``random``: a random orthonormal pair.
+- ``arrays``: the researcher's own x_train, y_train, x_test, y_test (and optionally the
+  data subspace's basis, whose complement is the codimension), read from ``data.path``
+  and validated by :mod:`pipeline.user_data`; nothing is drawn (label noise still is).
 - ``digits``: scikit-learn's bundled 8×8 digits (64 features, 1797 images),
   restricted to ``classes``; a random train/test split from the data seed;
   features standardised with the training split's mean and std (pixels that are
@@ -116,9 +119,10 @@ def _rand(gen: torch.Generator, *shape: int) -> Tensor:
     return torch.rand(*shape, generator=gen, dtype=torch.float64)
 
 
-def _orthogonal(gen: torch.Generator, d: int) -> Tensor:
+def orthogonal_matrix(gen: torch.Generator, d: int) -> Tensor:
+    """A Haar-random (d, d) orthogonal matrix (QR of a Gaussian matrix, signs fixed)."""
     q, r = torch.linalg.qr(_randn(gen, d, d))
-    return q * torch.sign(torch.diagonal(r))  # Haar-distributed
+    return q * torch.sign(torch.diagonal(r))
 
 
 def teacher_fn(
@@ -133,8 +137,8 @@ def teacher_fn(
             raise ValueError(
                 f"data.teacher_singular_values has {r} values, rank is at most {min(d, k)}"
             )
-        u = _orthogonal(gen, k)[:, :r]
-        v = _orthogonal(gen, d)[:, :r]
+        u = orthogonal_matrix(gen, k)[:, :r]
+        v = orthogonal_matrix(gen, d)[:, :r]
         w_star = (u * s) @ v.T
         return lambda x: x @ w_star.T
     act = cfg.teacher_activation or default_act
@@ -161,7 +165,7 @@ def _teacher(cfg: DataConfig, gen: torch.Generator) -> Dataset:
 
 def _subspace(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     d, dx = cfg.input_dim, cfg.subspace_dim
-    basis = _orthogonal(gen, d) if cfg.rotate else torch.eye(d, dtype=torch.float64)
+    basis = orthogonal_matrix(gen, d) if cfg.rotate else torch.eye(d, dtype=torch.float64)
     u, v = basis[:, :dx], basis[:, dx:]
     f = teacher_fn(cfg, gen, dx, "tanh")
 
@@ -259,7 +263,7 @@ def _orthogonal_data(cfg: DataConfig, gen: torch.Generator) -> Dataset:
         x_tr, y_tr = _cycle(x, cfg.n_train), _cycle(y, cfg.n_train)
         return Dataset(x_tr, y_tr, _cycle(x, cfg.n_test), _cycle(y, cfg.n_test))
     n = cfg.n_train
-    dirs = _orthogonal(gen, cfg.input_dim)[:, :n].T  # (n, d), orthonormal rows
+    dirs = orthogonal_matrix(gen, cfg.input_dim)[:, :n].T  # (n, d), orthonormal rows
     labels = torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0).to(torch.float64)
 
     def norms(lab: Tensor) -> Tensor:  # +1: [1.5, 2.5], −1: [0.5, 1.5]
@@ -276,7 +280,7 @@ def _xor(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     if cfg.layout == "paper":
         u1, u2 = torch.eye(d, dtype=torch.float64)[:2]
     else:
-        u1, u2 = _orthogonal(gen, d).T[:2]
+        u1, u2 = orthogonal_matrix(gen, d).T[:2]
     centers = torch.stack([u2, 2 * u1, -3 * u2, -4 * u1])
     labels = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=torch.float64)
 
@@ -325,6 +329,18 @@ def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
     return Dataset(x_tr, labels(tr), x_te, labels(te))
 
 
+# -- the researcher's own arrays -------------------------------------------------------------
+
+
+def _arrays(cfg: DataConfig, gen: torch.Generator) -> Dataset:
+    from phasesweep.pipeline.user_data import BASIS, codim_basis, load_arrays
+
+    arrays, _ = load_arrays(cfg.path)
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}
+    basis = None if BASIS not in arrays else torch.tensor(codim_basis(arrays[BASIS]))
+    return Dataset(t["x_train"], t["y_train"], t["x_test"], t["y_test"], codim_basis=basis)
+
+
 # -- registry --------------------------------------------------------------------------------
 
 #: data.kind → generator(cfg, gen) -> Dataset
@@ -336,6 +352,7 @@ GENERATORS: dict[str, Callable[[DataConfig, torch.Generator], Dataset]] = {
     "orthogonal": _orthogonal_data,
     "xor": _xor,
     "digits": _digits,
+    "arrays": _arrays,
 }
 
 

@@ -9,9 +9,20 @@ Schemes (``model.init``):
 - ``gaussian``: i.i.d. normal entries; ``init_norm`` says what ``init_scale`` g
   sets: ``fan_in`` — std = g · the parameterization's own std; ``entry_std`` —
   std = g; ``frobenius`` — each layer rescaled to ‖W_l(0)‖_F = g.
-- ``balanced``: aligned rank one, W_l = g · u_l u_{l−1}ᵀ with random unit vectors
-  u, so W_{l+1}ᵀW_{l+1} = W_l W_lᵀ exactly and ‖W_l‖_F = g (``init_norm`` is
-  not used: balance needs equal layer norms).
+- ``balanced`` (alias ``balanced_rank_one``): aligned rank one, W_l = g · u_l u_{l−1}ᵀ
+  with random unit vectors u, so W_{l+1}ᵀW_{l+1} = W_l W_lᵀ exactly and ‖W_l‖_F = g
+  (``init_norm`` is not used: balance needs equal layer norms). On a deep linear
+  net only one mode of the target is seeded; the others start at round-off.
+- ``balanced_full``: the small balanced init of the deep-linear literature (Saxe et
+  al.; Arora et al.) with full rank r = min(dims): W_l = U_l Σ U_{l−1}ᵀ, U_l
+  (n_l × r) with orthonormal columns (Haar, the first r columns of a random
+  orthogonal matrix), shared by the two layers that meet at n_l, and Σ = (g/√r) I_r.
+  Then W_{l+1}ᵀW_{l+1} = U_l Σ² U_lᵀ = W_l W_lᵀ, every layer has r singular values
+  g/√r and ‖W_l‖_F = g (``init_norm`` not used). The rank is limited by the
+  narrowest layer: one output makes any balanced init rank one. Where input and
+  output dims both equal r, the end-to-end map is square and balanced flow keeps the
+  sign of its determinant: if it differs from the target's, one mode stays at 0 (a
+  saddle); give the input (or output) more dimensions than r to avoid that.
 - ``antisymmetric``: gaussian, then the second half of the last hidden layer
   copies the first half and the output layer sees the two halves with opposite
   signs, so the output is 0 at init (the doubling trick). It is 0 in exact
@@ -19,18 +30,25 @@ Schemes (``model.init``):
   output is 0 up to rounding (|f| ≤ m·u·Σ_j |a_j h_j|, u the unit roundoff).
   The mirroring precedes the scaling, so ``frobenius`` still gives ‖W_l‖_F = g.
 
+- ``file``: the researcher's weights from ``init_path`` (``pipeline.user_data``): the
+  member's own ``W<l>_seed<s>`` (s its ``train.seed``), else the shared ``W<l>``, times
+  g; nothing is drawn.
+
 ``layer_scales`` multiplies layer l by its entry afterwards (unbalanced init).
 Biases start at zero.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+from phasesweep.pipeline.datasets import orthogonal_matrix
 from phasesweep.pipeline.models import EnsembleMLP, Params
 from phasesweep.pipeline.seeding import generator
 from phasesweep.pipeline.spec import ModelConfig
+from phasesweep.pipeline.user_data import load_weights, member_weights
 
 
 def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -42,9 +60,19 @@ def _member_weights(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch
     gen = generator(seed, "init")
     g = cfg.init_scale
     dims = net.dims
-    if cfg.init == "balanced":
+    if cfg.init in ("balanced", "balanced_rank_one"):
         units = [_unit(n, gen) for n in dims]
         weights = [g * torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
+    elif cfg.init == "file":
+        weights = [
+            g * torch.tensor(w, dtype=torch.float64)
+            for w in member_weights(cfg.init_path, load_weights(cfg.init_path)[0], dims, seed)
+        ]
+    elif cfg.init == "balanced_full":
+        r = min(dims)
+        frames = [orthogonal_matrix(gen, n)[:, :r] for n in dims]
+        sigma = g / math.sqrt(r)
+        weights = [(frames[l] * sigma) @ frames[l - 1].T for l in range(1, len(dims))]
     else:
         weights = [
             torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)

@@ -34,6 +34,14 @@ trajectories
                           outputs), P⊥ the orthogonal projector onto the codimension of
                           subspace data (``codim_basis``); NaN without one or if
                           ``metrics.transversal`` is false.
+    ``probe_test_loss``   the loss 1/(2P) Σ ‖f − y‖² on the probe set.
+    ``lin_test_loss``     the same loss of the kernel predictor: the linearized model at
+                          θ(0) (NTK at init on the training set) trained by gradient flow
+                          to the same time t (:class:`pipeline.ntk.KernelFlow`, closed form).
+    ``lin_distance``      RMS over the probe set of f(t) − f_lin(t): how far the net is
+                          from its linearization (small in the lazy regime). Both need
+                          ``metrics.ntk`` and ``metrics.linearized``, one output and at
+                          most :data:`LINEARIZED_MAX_TRAIN` training points; else NaN.
     ``even_part_frac``    ‖f_e‖ / √(‖f_e‖² + ‖f_o‖²) on the probe set, with
                           f_e(x) = (f(x) + f(−x))/2 and f_o(x) = (f(x) − f(−x))/2: the even
                           share of f on P ∪ −P (0 for a bias-free linear net). Recorded
@@ -70,6 +78,7 @@ import torch
 from phasesweep.pipeline.datasets import DataBatch
 from phasesweep.pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
 from phasesweep.pipeline.ntk import (
+    KernelFlow,
     empirical_ntk,
     extreme_eigenvalues,
     kernel_alignment,
@@ -93,6 +102,9 @@ from torch import Tensor
 #: Most elements (members × rows × width) of one block of test points in the
 #: transversal gradient: small blocks avoid fresh page-faulting allocations.
 _TEST_BLOCK_ELEMENTS = 1 << 17
+
+#: Most training points for the kernel predictor (one n×n eigendecomposition per member).
+LINEARIZED_MAX_TRAIN = 512
 
 #: Data kinds on which ``even_part_frac`` is recorded by default.
 SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
@@ -216,6 +228,13 @@ class MetricRecorder:
         fwd0 = net.forward(self.params0, self.probe_x)
         self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
         self.k0 = empirical_ntk(net, self.params0, self.probe_x, fwd=fwd0) if cfg.ntk else None
+        self.flow: KernelFlow | None = None
+        n, k_out = batch.x_train.shape[1], batch.y_train.shape[2]
+        if cfg.ntk and cfg.linearized and k_out == 1 and n <= LINEARIZED_MAX_TRAIN:
+            x_all = torch.cat([batch.x_train, self.probe_x], 1)
+            fwd_all = net.forward(self.params0, x_all)
+            k_all = empirical_ntk(net, self.params0, x_all, fwd=fwd_all)
+            self.flow = KernelFlow(k_all, fwd_all.output, batch.y_train)
 
         # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial balance
         self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
@@ -258,12 +277,13 @@ class MetricRecorder:
 
     # -- one logged step ------------------------------------------------------------------------
     def record(
-        self, params: Params, grads: Params, step: int | None = None
+        self, params: Params, grads: Params, step: int | None = None, time: Tensor | None = None
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The values of both tables at a logged step: per-member scalars (E,) for
         ``trajectories``; per-layer scalars (E, depth) and lists (E, depth, top_k) for ``layers``.
 
-        ``step``: the logged step; the singular values and the kernel's eigenvalues are NaN
+        ``time`` (E,): the gradient-flow time of the step (for the kernel predictor; without
+        it the predictor's columns are left out). ``step``: the logged step; the singular values and the kernel's eigenvalues are NaN
         at steps the budget leaves out. The weights' norms and their distances from θ(0)
         serve both tables and are computed once.
         """
@@ -277,11 +297,17 @@ class MetricRecorder:
                 norm_sq = norm_sq + member_sq_norm(b)
                 diff_sq = diff_sq + member_sq_norm(b - b0)
         spectra = self._spectra_now(step)
-        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra)
+        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra, time)
         return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, spectra)
 
     def _trajectory(
-        self, params: Params, grads: Params, norm: Tensor, diff: Tensor, spectra: bool
+        self,
+        params: Params,
+        grads: Params,
+        norm: Tensor,
+        diff: Tensor,
+        spectra: bool,
+        time: Tensor | None = None,
     ) -> dict[str, Tensor]:
         net = self.net
         out: dict[str, Tensor] = {
@@ -292,6 +318,11 @@ class MetricRecorder:
         fwd = net.forward(params, self.probe_x)
         f = fwd.output
         out["output_norm"] = f.square().mean((1, 2)).sqrt()
+        out["probe_test_loss"] = 0.5 * (f - self.probe_y).square().sum(2).mean(1)
+        if self.flow is not None and time is not None:
+            f_lin = self.flow.probe_outputs(time.to(f.dtype))
+            out["lin_test_loss"] = 0.5 * (f_lin - self.probe_y).square().sum(2).mean(1)
+            out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
         if self.k0 is not None:
             k = empirical_ntk(net, params, self.probe_x, fwd=fwd)

@@ -155,3 +155,38 @@ def extreme_eigenvalues(k: Tensor) -> tuple[Tensor, Tensor]:
     ev = torch.linalg.eigvalsh(safe)
     nan = torch.full_like(ev[:, 0], float("nan"))
     return torch.where(ok, ev[:, 0], nan), torch.where(ok, ev[:, -1], nan)
+
+
+class KernelFlow:
+    """The linearized model at θ(0) trained by gradient flow, in closed form.
+
+    With the loss ``1/(2n) Σ (f − y)²`` (one output) the linearization
+    ``f_lin(θ) = f_0 + J_0 (θ − θ_0)`` evolves by ``df/dt = −(1/n) K r``, ``r = f_X − y``,
+    K = J_0 J_0ᵀ the NTK at init on the n training points X. With K = V Λ Vᵀ and
+    a = Vᵀ r(0):
+
+        r(t)        = V e^{−tΛ/n} a
+        f_lin(x, t) = f_0(x) − K_xX V diag((1 − e^{−tλ/n}) / λ) a
+
+    (the factor is t/n where λ = 0; λ < 0 from round-off is taken as 0). Built once per
+    chunk from the kernel on [X; P] (P the probe inputs); :meth:`probe_outputs` costs
+    O(E·P·n) per call. Members ``(E, …)`` throughout.
+    """
+
+    def __init__(self, k_all: Tensor, f0: Tensor, y_train: Tensor) -> None:
+        """``k_all`` (E, n + P, n + P): the NTK at init on [X; P]; ``f0`` (E, n + P, 1) the
+        outputs at init there; ``y_train`` (E, n, 1)."""
+        n = y_train.shape[1]
+        self.n = n
+        lam, v = torch.linalg.eigh(k_all[:, :n, :n])
+        self.lam = lam.clamp(min=0.0)
+        self.kx_v = torch.bmm(k_all[:, n:, :n], v)  # (E, P, n)
+        self.a = torch.bmm(v.transpose(1, 2), f0[:, :n] - y_train)  # (E, n, 1)
+        self.f0_probe = f0[:, n:]
+
+    def probe_outputs(self, t: Tensor) -> Tensor:
+        """f_lin at gradient-flow times ``t`` (E,) on the probe inputs: (E, P, 1)."""
+        x = t.unsqueeze(1) * self.lam / self.n  # (E, n): tλ/n
+        safe = torch.where(self.lam > 0, self.lam, torch.ones_like(self.lam))
+        gain = torch.where(self.lam > 0, -torch.expm1(-x) / safe, t.unsqueeze(1) / self.n)
+        return self.f0_probe - torch.bmm(self.kx_v, gain.unsqueeze(2) * self.a)

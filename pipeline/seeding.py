@@ -2,7 +2,9 @@
 
 A member's random numbers must depend on its own seed only, never on which
 other points share its chunk: that is what makes an ensemble train exactly like
-each of its points alone.
+each of its points alone. ``docs/seeding.md`` lists the streams (purpose strings),
+their seeds and the order of the draws, enough to reproduce a run's data and initial
+weights outside phasesweep (``tests/test_seeding_doc.py`` does).
 """
 
 from __future__ import annotations

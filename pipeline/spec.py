@@ -45,6 +45,7 @@ DataKind = Literal[
     "orthogonal",
     "xor",
     "digits",
+    "arrays",
 ]
 
 
@@ -108,9 +109,45 @@ class ModelConfig(_Section):
     parameterization: Parameterization = "ntk"
     #: Multiplies the standard deviation of every layer's initial weights.
     init_scale: PositiveFloat = 1.0
-    #: gaussian: i.i.d. normal; balanced: aligned rank-one, exactly balanced layers;
-    #: antisymmetric: two mirrored halves so the output is exactly 0 at init.
-    init: Literal["gaussian", "balanced", "antisymmetric"] = "gaussian"
+    #: gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly
+    #: balanced layers; balanced_full: exactly balanced with the largest rank the layer
+    #: shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored
+    #: halves so the output is exactly 0 at init.
+    #: file: the researcher's own weights from ``init_path`` (see below).
+    init: Literal[
+        "gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric", "file"
+    ] = "gaussian"
+    #: init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL``
+    #: (fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member
+    #: with that ``train.seed`` (before the shared one). The weights are multiplied by
+    #: ``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given.
+    init_path: str | None = None
+    #: init file: SHA-256 of its bytes, filled in on load (run ids follow the contents).
+    init_sha256: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _init_file(cls, raw: Any) -> Any:
+        """init file: read and check the weights against the hidden widths and the depth."""
+        if not isinstance(raw, dict):
+            return raw
+        if raw.get("init") != "file":
+            if raw.get("init_path") is not None or raw.get("init_sha256") is not None:
+                raise ValueError("init_path and init_sha256 apply to init file only")
+            return raw
+        from phasesweep.pipeline.user_data import check_weights, load_weights
+
+        path = raw.get("init_path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("init file needs init_path (a .npz file or a directory)")
+        weights, sha = load_weights(path)
+        depth, width = raw.get("depth", 2), raw.get("width", 256)
+        if isinstance(depth, int) and isinstance(width, int) and depth >= 1:
+            check_weights(path, weights, [None] + [width] * (depth - 1) + [None])
+        if raw.get("init_sha256") not in (None, sha):
+            raise ValueError(f"init_sha256 does not match the files of {path}")
+        return {**raw, "init_sha256": sha}
+
     #: What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times
     #: init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius``
     #: (every layer is rescaled to ||W_l(0)||_F = init_scale).
@@ -172,6 +209,46 @@ class DataConfig(_Section):
     layout: Literal["random", "paper"] = "random"
     #: data seed; None derives it from ``train.seed``.
     seed: NonNegativeInt | None = None
+    #: arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or
+    #: NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim
+    #: with a ``subspace_basis``) come from the arrays; values given must match.
+    path: str | None = None
+    #: arrays: SHA-256 of the data files, filled in on load (so the run ids follow the
+    #: contents, not only the path); a value given must match the files.
+    arrays_sha256: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arrays_dims(cls, raw: Any) -> Any:
+        """arrays data: read and check the files; their shapes fix the sizes."""
+        if not isinstance(raw, dict):
+            return raw
+        if raw.get("kind") != "arrays":
+            if raw.get("path") is not None or raw.get("arrays_sha256") is not None:
+                raise ValueError("path and arrays_sha256 apply to data kind arrays only")
+            return raw
+        from phasesweep.pipeline.user_data import BASIS, load_arrays
+
+        path = raw.get("path")
+        if not isinstance(path, str) or not path:
+            raise ValueError("data kind arrays needs path (a .npz file or a directory)")
+        arrays, sha = load_arrays(path)
+        raw = dict(raw)
+        dims = {
+            "n_train": arrays["x_train"].shape[0],
+            "n_test": arrays["x_test"].shape[0],
+            "input_dim": arrays["x_train"].shape[1],
+            "output_dim": arrays["y_train"].shape[1],
+            "arrays_sha256": sha,
+        }
+        if BASIS in arrays:
+            dims["subspace_dim"] = arrays[BASIS].shape[1]
+        for key, value in dims.items():
+            given = raw.get(key)
+            if given is not None and given != value:
+                raise ValueError(f"{key} is {given!r} but the arrays in {path} give {value!r}")
+            raw[key] = value
+        return raw
 
     @model_validator(mode="before")
     @classmethod
@@ -308,6 +385,10 @@ class MetricsConfig(_Section):
     transversal: bool = True
     #: per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.
     spectra: bool = True
+    #: the kernel predictor (lin_test_loss, lin_distance): the linearized model at init
+    #: trained by gradient flow to each logged time; needs ``ntk``, one output and
+    #: n_train <= 512 (the train kernel's eigendecomposition, once per chunk).
+    linearized: bool = True
     #: even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).
     even_part: bool | None = None
     #: most work of the singular values and the NTK eigenvalues as a fraction of the
@@ -320,7 +401,14 @@ class MetricsConfig(_Section):
 class AnalysisConfig(_Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
-    order_parameter: Literal["kernel_distance", "param_rel_change"] = "kernel_distance"
+    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = (
+        "kernel_distance"
+    )
+    #: gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of
+    #: the regime rule are read (interpolated linearly in log t between the two logged
+    #: points around it; NULL for a run that stopped before t). None: each run's last
+    #: logged point. Runs compare at equal t only with this set or with equal t at the end.
+    at_time: PositiveFloat | None = None
     #: runs with the order parameter below this are lazy, above it rich.
     lazy_threshold: PositiveFloat = 0.1
     #: threshold for the other order parameter, used when ``order_parameter`` is NULL
@@ -432,6 +520,25 @@ class SweepSpec(_Section):
         if not SWEEP_NAME.fullmatch(v):
             raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
         return v
+
+    @model_validator(mode="after")
+    def _init_file_fits(self) -> SweepSpec:
+        """init file: the first and last layers fit the data, and every seed has weights."""
+        if self.model.init != "file":
+            return self
+        from phasesweep.pipeline.grid import axis_path, axis_values
+        from phasesweep.pipeline.user_data import load_weights, member_weights
+
+        m, path = self.model, self.model.init_path
+        dims = [self.data.input_dim] + [m.width] * (m.depth - 1) + [self.data.output_dim]
+        seeds = [self.train.seed]
+        for axis, values in self.grid.items():
+            if axis_path(axis) == "train.seed":
+                seeds = axis_values(axis, values)
+        weights, _ = load_weights(path)
+        for seed in seeds:
+            member_weights(path, weights, dims, seed)
+        return self
 
     def base(self) -> RunConfig:
         return RunConfig(model=self.model, data=self.data, train=self.train, metrics=self.metrics)

@@ -267,7 +267,7 @@ class ChunkTrainer:
             loss, grads = self._stepper.loss_and_grads(params, b.x_train, b.y_train)
         test_loss = self._stepper.loss(params, b.x_test, b.y_test)
         traj = {"time": time_now, "train_loss": loss, "test_loss": test_loss}
-        values, layers = recorder.record(params, grads, step=k)
+        values, layers = recorder.record(params, grads, step=k, time=time_now)
         traj.update(values)
         log.add(k, alive, traj, layers)
         # dead members: zero their parameters so nothing non-finite lingers
@@ -383,10 +383,15 @@ class _BlockedRecorder:
         self.bounds, self.recorders = bounds, recorders
 
     def record(
-        self, params: Params, grads: Params, step: int | None = None
+        self, params: Params, grads: Params, step: int | None = None, time: Tensor | None = None
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         parts = [
-            rec.record(_slice_params(params, s, e), _slice_params(grads, s, e), step=step)
+            rec.record(
+                _slice_params(params, s, e),
+                _slice_params(grads, s, e),
+                step=step,
+                time=None if time is None else time[s:e],
+            )
             for (s, e), rec in zip(self.bounds, self.recorders)
         ]
         return tuple(  # type: ignore[return-value]

@@ -91,6 +91,11 @@ TRAJECTORIES = pa.schema(
         ("output_norm", F64),  # RMS of f over the probe set
         ("even_part_frac", F64),  # symmetric data: ||f_even|| / ||f|| on the probe set
         ("kernel_rel_change", F64),  # ||K_t - K_0||_F / ||K_0||_F on the probe set
+        # the kernel predictor: the linearized model at init trained by gradient flow to the
+        # same t (closed form, NTK at init); on the probe set, one output only
+        ("probe_test_loss", F64),  # the net's loss 1/(2P) sum ||f - y||^2 on the probe set
+        ("lin_test_loss", F64),  # the same loss of the linearized model
+        ("lin_distance", F64),  # RMS of f - f_lin over the probe set
     ]
 )
 
@@ -119,7 +124,7 @@ SUMMARIES = pa.schema(
         ("final_kernel_distance", F64),
         # additions (analysis)
         ("order_parameter", pa.string()),  # name of the order parameter the regime used
-        ("order_value", F64),  # its final value (NULL if neither parameter was logged)
+        ("order_value", F64),  # its value at eval_time (NULL if neither parameter was logged)
         ("lazy_threshold", F64),  # the threshold it was compared with
         ("initial_train_loss", F64),  # first logged train loss (L0)
         ("final_train_loss", F64),  # last logged finite train loss
@@ -132,6 +137,15 @@ SUMMARIES = pa.schema(
         *((c, F64) for c in ESCAPE_COLUMNS),  # escape times at ESCAPE_EPS
         ("extra_escape_eps", pa.list_(F64)),  # analysis.extra_escape_eps
         ("extra_escape_times", pa.list_(F64)),  # escape times at those eps, same order
+        # the time the regime rule read the run at (analysis.at_time, else final_time), and
+        # the values it read there (NULL: the run stopped before analysis.at_time)
+        ("eval_time", F64),
+        ("eval_loss_ratio", F64),  # train loss / initial train loss at eval_time
+        ("eval_param_rel_change", F64),
+        ("eval_kernel_distance", F64),
+        # the kernel predictor at the last logged point (trajectories.lin_*)
+        ("final_lin_test_loss", F64),
+        ("final_lin_distance", F64),
     ]
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -147,3 +148,49 @@ def test_plateau_frame_rows_and_counts():
     assert list(a["level"]) == sorted(a["level"], reverse=True)
     assert (frame["contrast"] >= 3).all()
     assert not math.isnan(frame["drop_frac"].sum())
+
+
+@functools.cache
+def _valley_contrasts(s, u0, t_max):
+    """Peak-over-valley ratios of the loss-decay rate -d log L/dt between consecutive drops
+    of the closed form, on a dense grid (independent of the detector)."""
+    t = np.linspace(0.0, t_max, 200_001)
+    rate = -np.gradient(np.log(two_layer_linear_loss(t, s, u0)), t)
+    peaks = [
+        int(
+            np.argmax(
+                np.where(np.abs(t - two_layer_escape_time(x, u0, 0.5)) < 0.3 / x, rate, -np.inf)
+            )
+        )
+        for x in s
+    ]
+    return [rate[b] / rate[a:b].min() for a, b in zip(peaks[:-1], peaks[1:])]
+
+
+@pytest.mark.parametrize(
+    "lr,steps,log_points",
+    [(0.01, 2000, 100), (0.01, 2000, 150), (0.01, 5000, 150), (0.001, 20000, 300)],
+)
+def test_saxe_three_drops_found_over_the_whole_init_range(lr, steps, log_points):
+    # modes 4, 2, 1 from init 1e-4 to 1e-2 (u0 = g^2 times a seed-like factor): the middle
+    # plateau shrinks to ~0.3 time units at g = 1e-2, yet every drop is found, in order,
+    # wherever the logging resolves it (logged times at most 9 % apart: >= 2 points on it)
+    s = (4.0, 2.0, 1.0)
+    t = logged_times(lr, steps, log_points)
+    late = t[t >= 1.0]  # where the drops are
+    assert (late[1:] / late[:-1]).max() < 1.09
+    for g in np.logspace(-4, -2, 9):
+        for factor in (0.5, 1.0, 1.3):
+            u0 = g * g * factor
+            # the closed form has three separate drops: a valley of contrast > 4 before each
+            # (the detector's contrast is 3)
+            assert min(_valley_contrasts(s, u0, 15.0)) > 4
+            found = detect_plateaus(t, two_layer_linear_loss(t, s, u0))
+            assert len(found) == 3, (g, factor, [(p.start, p.end) for p in found])
+            half = [two_layer_escape_time(x, u0, 0.5) for x in s]
+            # each plateau ends by its mode's half-way time (up to the logging grid) and
+            # starts after the previous mode's
+            for i, p in enumerate(found):
+                assert p.end <= t[np.searchsorted(t, half[i])]
+                if i:
+                    assert p.start > half[i - 1]

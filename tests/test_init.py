@@ -154,7 +154,7 @@ def test_antisymmetric_initial_loss_is_the_label_energy():
     assert runs.initial_train_loss[0] == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("init", ["gaussian", "balanced", "antisymmetric"])
+@pytest.mark.parametrize("init", ["gaussian", "balanced", "balanced_full", "antisymmetric"])
 def test_reproducible_from_the_seed(init):
     cfg = ModelConfig(depth=3, width=8, init=init)
     _, a = _init(cfg, seeds=(5, 6))
@@ -209,3 +209,39 @@ def test_runs_fro_norms_of_fan_in_init_match_the_weights():
     np.testing.assert_allclose(np.stack(runs.init_fro_norms.to_numpy()), want, rtol=1e-14)
     # NTK param, entries ~ N(0, 0.1²): ||W_l||_F ≈ 0.1·sqrt(fan_in·fan_out)
     np.testing.assert_allclose(want[0], 0.1 * np.sqrt([20 * 7, 20 * 20, 1 * 20]), rtol=0.25)
+
+
+@pytest.mark.parametrize("depth,width,d_in,d_out", [(2, 12, 7, 3), (3, 6, 7, 5), (4, 9, 4, 4)])
+def test_balanced_full_is_exactly_balanced_with_full_rank(depth, width, d_in, d_out):
+    g = 0.3
+    cfg = ModelConfig(
+        depth=depth, width=width, init="balanced_full", init_scale=g, activation="linear"
+    )
+    _, params = _init(cfg, seeds=(0, 3), d_in=d_in, d_out=d_out)
+    r = min(width, d_in, d_out)
+    n = max(width, d_in, d_out)
+    # W = (U σ) Vᵀ with r-term dot products: |ΔW| ≤ γ_r σ |U||V|ᵀ, ‖ΔW‖_F ≤ γ_r g √r; the
+    # grams add γ_n ‖W‖_F² each: |D_ij| ≤ 2 (γ_n + 3 √r γ_r) g², any summation order
+    bound = 2.02 * (_dot_error(n) + 3 * math.sqrt(r) * _dot_error(r)) * g * g
+    for e in range(2):
+        ws = [w[e] for w in params.weights]
+        for l in range(depth - 1):
+            d = ws[l + 1].T @ ws[l + 1] - ws[l] @ ws[l].T
+            assert float(d.abs().max()) <= bound
+        for w in ws:
+            sv = torch.linalg.svdvals(w)
+            # full rank r (the narrowest layer), r equal singular values g/√r, the rest 0
+            assert sv[:r].numpy() == pytest.approx([g / math.sqrt(r)] * r, rel=1e-13)
+            assert float(sv[r:].abs().sum()) < 1e-14 * g
+            assert float(w.norm()) == pytest.approx(g, rel=1e-13)
+    # members differ (their own seeds), so the frames are random
+    assert not torch.equal(params.weights[0][0], params.weights[0][1])
+
+
+def test_balanced_rank_one_is_the_balanced_init():
+    a = ModelConfig(depth=3, width=8, init="balanced", init_scale=0.2, activation="linear")
+    b = a.model_copy(update={"init": "balanced_rank_one"})
+    _, pa_ = _init(a, seeds=(5,))
+    _, pb = _init(b, seeds=(5,))
+    for wa, wb in zip(pa_.weights, pb.weights):
+        assert torch.equal(wa, wb)

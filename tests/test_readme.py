@@ -21,11 +21,13 @@ def quickstart_store(tmp_path_factory):
         "--set",
         "grid.width=[16,64]",
         "--set",
-        "grid.init_scale={logspace: [-1, 1, 3]}",
+        "grid.init_scale={logspace: [-1, 0.5, 3]}",
         "--set",
         "grid.seed=[0,1]",
         "--set",
         "train.steps=300",
+        "--set",
+        "analysis.at_time=150",  # lr 0.5 x 300 steps: every run's end
     ]
     assert (
         main(["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]) == 0
