@@ -106,20 +106,10 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     # relaunch: everything skipped; a grown grid trains only the new points
     assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
     assert "skipping 6 already stored; training 0" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "run",
-                str(spec),
-                "--store",
-                str(store),
-                "--no-progress",
-                "--set",
-                "grid.seed=[0,1,2,3]",
-            ]
-        )
-        == 0
-    )
+    grown = ["run", str(spec), "--store", str(store), "--no-progress", "--set", "grid.seed=[0,1,2,3]"]
+    assert main(grown) == 2  # a changed grid needs --extend
+    assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
+    assert main([*grown, "--extend"]) == 0
     assert "skipping 6 already stored; training 2" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs") == 8
     assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 8
