@@ -176,7 +176,8 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(
-        f"sweep {name}: trained {outcome.trained} ({outcome.diverged} diverged), "
+        f"sweep {name}: trained {outcome.trained} ({outcome.diverged} diverged, "
+        f"{outcome.resumed} resumed from checkpoints), "
         f"skipped {outcome.skipped}, failed {len(outcome.failed)}",
         file=sys.stderr,
     )

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import math
 import os
 import shutil
 import signal
@@ -55,6 +56,8 @@ class SweepOutcome:
     diverged: int = 0
     failed: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: points whose training went on from a checkpoint of an earlier, killed attempt.
+    resumed: int = 0
     #: the launch was stopped by SIGINT (finished work kept, nothing marked failed).
     interrupted: bool = False
 
@@ -122,7 +125,7 @@ class _StepHook:
     ) -> None:
         self.store, self.checkpoint, self.stop = store, checkpoint, stop
         self.commit_every, self.report, self.members = commit_every, report, members
-        self.last_commit = self.last_report = self.last_poll = time.monotonic()
+        self.last_commit = self.last_report = self.last_poll = -math.inf
 
     def stopped(self) -> bool:
         return self.store.fs.exists(self.stop)
@@ -131,6 +134,8 @@ class _StepHook:
         import torch
 
         now = time.monotonic()
+        if self.last_commit == -math.inf:  # the first call: training has begun
+            self.last_commit = self.last_poll = now
         if now - self.last_report >= PROGRESS_EVERY:
             self.report({"member_steps": k * self.members})
             self.last_report = now
@@ -166,7 +171,8 @@ def train_and_store(
     launch's stop marker appears, and commits only the points it still owns.
     ``report`` receives progress dicts during training. Returns the small summary a
     Tune trial reports: ``points`` trained, ``skipped`` (stored already), ``busy``
-    (claimed by a live other holder), ``diverged``, and ``interrupted``.
+    (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
+    and ``interrupted``.
     """
     from phasesweep.pipeline.trainer import train_chunk
 
@@ -197,12 +203,11 @@ def train_and_store(
             checkpoint = checkpoint_path(store, sweep, chunk.chunk_id, ids)
             hook = _StepHook(store, checkpoint, stop, commit_every, report, len(mine))
             started = time.perf_counter()
+            resume = _load_checkpoint(store, checkpoint)
+            summary["resumed"] = 0 if resume is None else len(mine)
             try:
                 tables = train_chunk(
-                    Chunk(chunk.chunk_id, tuple(mine)),
-                    device,
-                    hook=hook,
-                    resume=_load_checkpoint(store, checkpoint),
+                    Chunk(chunk.chunk_id, tuple(mine)), device, hook=hook, resume=resume
                 )
             except Stopped:
                 summary["interrupted"] = True
@@ -501,6 +506,7 @@ def _fit(
                 bar.running(i, result.get("member_steps", 0))
                 return
             outcome.trained += result.get("points", 0)
+            outcome.resumed += result.get("resumed", 0)
             outcome.diverged += result.get("diverged", 0)
             if result.get("busy"):
                 busy.add(i)
@@ -584,16 +590,15 @@ class _Progress:
         self.live: dict[int, int] = {}  # chunk -> member-steps of its running trial
         self.credited = [0] * len(chunks)  # chunk -> its points known to be done
         self.other = 0  # points done otherwise (failed after retries)
-        self.skipped, self.total = done, total
+        self.skipped, self.total, self.sweep = done, total, sweep
         self.bar = tqdm(
             total=sum(len(c.points) * s for c, s in zip(chunks, self.point_steps)),
             unit=" member-steps",
             unit_scale=True,
-            desc=sweep,
             disable=not enabled,
             smoothing=0.1,
             mininterval=0.5,
-            bar_format="{desc}: {percentage:3.0f}%|{bar:20}| {postfix} "
+            bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
             "[{elapsed}<{remaining}, {rate_fmt}]",
         )
         self.note("")
@@ -621,8 +626,9 @@ class _Progress:
     def note(self, text: str) -> None:
         """Show points done (and ``text``) beside the bar."""
         done = self.skipped + sum(self.credited) + self.other
-        self.bar.set_postfix_str(
-            f"{done}/{self.total} points" + (f", {text}" if text else ""), refresh=False
+        self.bar.set_description_str(
+            f"{self.sweep}: {done}/{self.total} points" + (f" ({text})" if text else ""),
+            refresh=False,
         )
         self._show()
         self.bar.refresh()
