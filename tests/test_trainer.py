@@ -260,6 +260,8 @@ def test_resume_from_a_snapshot_equals_an_uninterrupted_run(optimizer):
     for name in ("trajectories", "layers"):
         assert _sorted(resumed[name], name).equals(_sorted(whole[name], name)), name
     drop = ["wall_seconds", "chunk_wall_seconds", "finished_at"]
-    assert _sorted(resumed["runs"], "runs").drop(columns=drop).equals(
-        _sorted(whole["runs"], "runs").drop(columns=drop)
+    assert (
+        _sorted(resumed["runs"], "runs")
+        .drop(columns=drop)
+        .equals(_sorted(whole["runs"], "runs").drop(columns=drop))
     )
