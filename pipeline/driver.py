@@ -2,13 +2,36 @@
 
 Tune is the scheduler, not the results store: each trial trains one chunk,
 writes its tables to the store (atomically, ``runs`` last), and reports a few
-summary numbers. Trials keep no checkpoints, Tune's loggers are off and its
-experiment directory is a temporary one removed at the end, so nothing of
-Tune's grows with the grid.
+numbers. Tune keeps no checkpoints and its loggers are off; its experiment
+directory lives in a folder private to the launch (:func:`launch_folder`) that
+the launch removes at its end, or the next launch after a kill.
 
-Idempotence: before training, a trial drops the members the store already
-holds (a retried trial whose first attempt committed trains nothing), so a
-crash, a killed worker or a retry never duplicates a run.
+Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
+cluster (:func:`connect`); an unreachable address fails within seconds.
+
+Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage.claims`:
+exclusive create, leases renewed while it trains, taken over when the holder
+dies), re-reads the done run ids, trains only what it got and releases after its
+commit. A launch that finds points claimed by a live other launch waits for them
+and trains those whose holder died or stopped; a retried trial whose first attempt
+committed trains nothing.
+
+Bounded loss: the members of a chunk train in lock step and finish together, so a
+chunk cannot commit finished members early; instead the trial checkpoints the
+whole ensemble's state into the store every ``execution.commit_every_seconds`` of
+training (``checkpoints/sweep=NAME/CHUNK-MEMBERS.pt``, keyed by the exact point
+set) and whoever trains those points next resumes from it, bit for bit as if never
+stopped. A kill loses at most that interval of a chunk; a relaunch packs the same
+chunks (chunks of the whole grid, less stored points) and so finds the checkpoints.
+
+SIGINT (Ctrl-C): the launch writes a stop marker; its trials checkpoint, end and
+mark nothing failed; never-started trials end at once; the launch reports itself
+interrupted (exit 130). A second SIGINT stops at once.
+
+Progress: trials report their chunk's member-steps every :data:`PROGRESS_EVERY`
+seconds from the trainer's step hook (the hook reads the clock only every
+:data:`~phasesweep.pipeline.trainer.HOOK_EVERY` steps), so points done, member-steps
+per second and the ETA move during a chunk.
 """
 
 from __future__ import annotations
