@@ -125,14 +125,16 @@ def checkpoint_path(store: Store, sweep: str, chunk_id: str, run_ids: Sequence[s
     return f"{store.root}/checkpoints/sweep={sweep}/{chunk_id}-{members}.pt"
 
 
-def _load_checkpoint(store: Store, path: str) -> dict | None:
+def _load_checkpoint(store: Store, path: str, device: str) -> dict | None:
+    """The checkpoint at ``path`` with its tensors on ``device`` (the node that resumes
+    may differ from the one that wrote it), or None."""
     import torch
 
     try:
         data = store.fs.cat_file(path)
     except FileNotFoundError:
         return None
-    return torch.load(io.BytesIO(data), weights_only=True)
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
 
 
 class _StepHook:
@@ -226,7 +228,7 @@ def train_and_store(
             checkpoint = checkpoint_path(store, sweep, chunk.chunk_id, ids)
             hook = _StepHook(store, checkpoint, stop, commit_every, report, len(mine))
             started = time.perf_counter()
-            resume = _load_checkpoint(store, checkpoint)
+            resume = _load_checkpoint(store, checkpoint, device)
             summary["resumed"] = 0 if resume is None else len(mine)
             try:
                 tables = train_chunk(

@@ -246,3 +246,23 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
     assert "(0 diverged, 4 resumed from checkpoints)" in err
     assert_each_point_once(store, spec)
     assert not _checkpoints(store)
+
+
+def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
+    from phasesweep.pipeline.driver import train_and_store
+    from phasesweep.pipeline.grid import Chunk
+    from phasesweep.storage import Store
+    from phasesweep.storage.claims import Claims
+
+    store = Store.open(str(tmp_path / "store"))
+    spec = tiny_spec()
+    points = tuple(expand(load_spec(spec)[0]))
+    chunk = Chunk("c", points)
+    other, _ = Claims(store, "tiny").acquire([p.run_id for p in points[:2]])  # another launch
+    first = train_and_store(store.uri, "tiny", chunk, "cpu")
+    assert (first["points"], first["busy"], first["skipped"]) == (4, 2, 0)
+    assert set(_raw(Path(store.root), "runs", "tiny").run_id) == {p.run_id for p in points[2:]}
+    other.release()  # ... which ended without storing them
+    second = train_and_store(store.uri, "tiny", chunk, "cpu")
+    assert (second["points"], second["busy"], second["skipped"]) == (2, 0, 4)
+    assert_each_point_once(Path(store.root), spec)
