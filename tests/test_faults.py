@@ -266,3 +266,33 @@ def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path
     second = train_and_store(store.uri, "tiny", chunk, "cpu")
     assert (second["points"], second["busy"], second["skipped"]) == (2, 0, 4)
     assert_each_point_once(Path(store.root), spec)
+
+
+def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    from phasesweep.storage import Store
+    from phasesweep.storage.claims import Claims, Renewer
+
+    store = tmp_path / "store"
+    spec = tiny_spec()
+    points = expand(load_spec(spec)[0])
+    held = {p.run_id for p in points[:2]}
+    lease, _ = Claims(Store.open(str(store)), "tiny").acquire(held)  # a live other launch
+    with Renewer(lease):
+        proc = phasesweep_cli(
+            ["run", str(spec), "--store", str(store), "--no-progress"],
+            env_extra={"TMPDIR": str(short_tmp)},
+        )
+        _wait_for(
+            lambda: (store / "runs").exists() and len(set(_raw(store, "runs", "tiny").run_id)) == 4,
+            "the free points",
+        )
+        time.sleep(5)
+        assert proc.poll() is None  # still waiting for the held points
+        assert not held & set(_raw(store, "runs", "tiny").run_id)
+    lease.release()  # the other launch ends without storing them: this one trains them
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert "trained 6" in err
+    assert_each_point_once(store, spec)
