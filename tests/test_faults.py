@@ -177,10 +177,10 @@ def _checkpoint_step(path: Path) -> int:
     return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)["k"]
 
 
-#: Chunks that train for tens of seconds (about 10³ steps/s), checkpointed every second;
+#: Chunks that train for tens of seconds (10³-10⁴ steps/s), checkpointed every second;
 #: one CPU per trial, so two trials at once on a 2-core machine.
 LONG_CHUNKS = {
-    "train.steps": 20000,
+    "train.steps": 40000,
     "model.width": 32,
     "data.n_train": 32,
     "execution.commit_every_seconds": 1.0,
@@ -190,7 +190,10 @@ LONG_CHUNKS = {
 def _started(store: Path, n: int) -> bool:
     """``n`` chunks have checkpointed past their first steps."""
     found = _checkpoints(store)
-    return len(found) >= n and all(_checkpoint_step(p) > 0 for p in found)
+    try:
+        return len(found) >= n and all(_checkpoint_step(p) > 0 for p in found)
+    except FileNotFoundError:  # committed and removed meanwhile
+        return False
 
 
 def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
@@ -202,15 +205,18 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     env = {"TMPDIR": str(short_tmp)}
     proc = phasesweep_cli(args, env_extra=env, start_new_session=True)
     _wait_for(lambda: _started(store, 2), "checkpoints of both chunks")
-    time.sleep(5)  # a few progress reports later
+    time.sleep(1)  # a progress report later (the first comes with the first steps)
     os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     assert len(_checkpoints(store)) == 2
-    assert all(0 < _checkpoint_step(p) < 20000 for p in _checkpoints(store))
+    assert all(0 < _checkpoint_step(p) < 40000 for p in _checkpoints(store))
     assert not (store / "runs").exists()
     # progress moved during the chunks: no point done yet, member-steps and a rate shown
-    during = [s for s in re.split(r"[\r\n]", err) if "0/6 points" in s and "member-steps/s" in s]
-    assert any(0 < int(re.search(r"(\d+)%", s).group(1)) < 100 for s in during), err[-2000:]
+    during = [
+        re.search(r"0/6 points .*\| (\S+)/240k \[.*, ([0-9.]+k?) member-steps/s\]", s)
+        for s in re.split(r"[\r\n]", err)
+    ]
+    assert any(m and m.group(1) != "0" for m in during), err[-2000:]
     tune_dirs = short_tmp / f"phasesweep-tune-{os.getuid()}"
     assert list(tune_dirs.iterdir())  # the killed launch's Tune folder is left behind ...
 
