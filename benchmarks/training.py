@@ -369,11 +369,11 @@ def ray_tune_baseline(points: Sequence[Point], name: str = "baseline") -> dict[s
 
 def ray_init() -> float:
     """Start the local Ray instance the way ``phasesweep run`` does; returns seconds."""
-    from phasesweep.pipeline.driver import _ray_init
+    from phasesweep.pipeline.driver import connect
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = time.perf_counter()
-    _ray_init(None)
+    connect(None)
     return time.perf_counter() - started
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from phasesweep.pipeline.spec import excerpt
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--address",
         type=_address,
         default=None,
-        help="Ray address: auto, local, host:port or ray://host:port "
-        "(default: an embedded local Ray)",
+        help="Ray cluster to join: auto, host:port or ray://host:port; local forces the "
+        "embedded one (default: $RAY_ADDRESS, else a private embedded local Ray)",
     )
     run.add_argument(
         "--set",
@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus-per-trial", type=_bounded(float, 0, strict=False), default=0.0)
     run.add_argument("--max-retries", type=_bounded(int, 0, strict=False), default=2)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--extend",
+        action="store_true",
+        help="add new grid values to a stored sweep (its base config must stay the same)",
+    )
 
     status = sub.add_parser("status", help="counts of stored runs by sweep and status")
     status.add_argument("sweep", nargs="?", metavar="SWEEP")
@@ -214,6 +219,14 @@ def _fail(message: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        print("phasesweep: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     from phasesweep.pipeline.launch import execute, plan_sweep
 
     plan = plan_sweep(
@@ -222,6 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         address=None if args.dry_run else args.address,
         cpus_per_trial=args.cpus_per_trial,
+        extend=args.extend,
     )
     name = plan.spec.name
     if args.dry_run:
@@ -257,12 +271,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(
-        f"sweep {name}: trained {outcome.trained} ({outcome.diverged} diverged), "
+        f"sweep {name}: trained {outcome.trained} ({outcome.diverged} diverged, "
+        f"{outcome.resumed} resumed from checkpoints), "
         f"skipped {outcome.skipped}, failed {len(outcome.failed)}",
         file=sys.stderr,
     )
     for err in dict.fromkeys(outcome.errors):
         print(f"  failure: {err}", file=sys.stderr)
+    if outcome.interrupted:
+        print(
+            f"sweep {name}: interrupted; finished work is stored, running chunks are "
+            "checkpointed: run the same command again to go on",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     return EXIT_FAILED if outcome.failed else EXIT_OK
 
 

@@ -2,31 +2,66 @@
 
 Tune is the scheduler, not the results store: each trial trains one chunk,
 writes its tables to the store (atomically, ``runs`` last), and reports a few
-summary numbers. Trials keep no checkpoints, Tune's loggers are off and its
-experiment directory is a temporary one removed at the end, so nothing of
-Tune's grows with the grid.
+numbers. Tune keeps no checkpoints and its loggers are off; its experiment
+directory lives in a folder private to the launch (:func:`launch_folder`) that
+the launch removes at its end, or the next launch after a kill.
 
-Idempotence: before training, a trial drops the members the store already
-holds (a retried trial whose first attempt committed trains nothing), so a
-crash, a killed worker or a retry never duplicates a run.
+Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
+cluster (:func:`connect`); an unreachable address fails within seconds.
+
+Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage.claims`:
+exclusive create, leases renewed while it trains, taken over when the holder
+dies), re-reads the done run ids, trains only what it got and releases after its
+commit. A launch that finds points claimed by a live other launch waits for them
+and trains those whose holder died or stopped; a retried trial whose first attempt
+committed trains nothing.
+
+Bounded loss: the members of a chunk train in lock step and finish together, so a
+chunk cannot commit finished members early; instead the trial checkpoints the
+whole ensemble's state into the store every ``execution.commit_every_seconds`` of
+training (``checkpoints/sweep=NAME/CHUNK-MEMBERS.pt``, keyed by the exact point
+set) and whoever trains those points next resumes from it, bit for bit as if never
+stopped. A kill loses at most that interval of a chunk; a relaunch packs the same
+chunks (chunks of the whole grid, less stored points) and so finds the checkpoints.
+
+SIGINT (Ctrl-C): the launch writes a stop marker; its trials checkpoint, end and
+mark nothing failed; never-started trials end at once; the launch reports itself
+interrupted (exit 130). A second SIGINT stops at once.
+
+Progress: trials report their chunk's member-steps every :data:`PROGRESS_EVERY`
+seconds from the trainer's step hook (the hook reads the clock only every
+:data:`~phasesweep.pipeline.trainer.HOOK_EVERY` steps), so points done, member-steps
+per second and the ETA move during a chunk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import io
+import math
 import os
 import shutil
+import signal
+import socket
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from phasesweep.pipeline.grid import Chunk, Point
-from phasesweep.pipeline.spec import RunConfig
+from phasesweep.pipeline.spec import RunConfig, SpecError
 from phasesweep.storage import Store
+from phasesweep.storage.claims import Claims, Renewer
 from phasesweep.storage.schema import RUNS
+from phasesweep.storage.writer import put_atomic
 from tqdm.auto import tqdm
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
@@ -44,6 +79,10 @@ class SweepOutcome:
     diverged: int = 0
     failed: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: points whose training went on from a checkpoint of an earlier, killed attempt.
+    resumed: int = 0
+    #: the launch was stopped by SIGINT (finished work kept, nothing marked failed).
+    interrupted: bool = False
 
 
 def _encode(chunks: Sequence[Chunk]) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -65,37 +104,175 @@ def _inject_failure(run_ids: Sequence[str]) -> None:
         raise RuntimeError(f"{FAULT_ENV} injected a failure into this chunk")
 
 
-def train_and_store(
-    store_uri: str, sweep: str, chunk: Chunk, device: str, node_id: str | None = None
-) -> dict[str, Any]:
-    """Train the chunk's members that the store does not hold yet and commit them.
+#: Seconds between a trial's progress reports during a chunk (read at the step hook).
+PROGRESS_EVERY = 2.0
+#: Seconds between a trial's looks for its launch's stop marker.
+STOP_POLL = 2.0
 
-    Returns the small summary a Tune trial reports.
+
+class Stopped(Exception):
+    """The launch was interrupted: the trial checkpointed its chunk and stops."""
+
+
+def stop_path(store: Store, sweep: str, launch_id: str) -> str:
+    """The marker a launch writes when interrupted; its trials stop when they see it."""
+    return f"{store.root}/claims/sweep={sweep}/stop-{launch_id}"
+
+
+def checkpoint_path(store: Store, sweep: str, chunk_id: str, run_ids: Sequence[str]) -> str:
+    """Where a trial checkpoints the training of exactly these points of a chunk."""
+    members = hashlib.sha256(",".join(sorted(run_ids)).encode()).hexdigest()[:12]
+    return f"{store.root}/checkpoints/sweep={sweep}/{chunk_id}-{members}.pt"
+
+
+def _load_checkpoint(store: Store, path: str, device: str) -> dict | None:
+    """The checkpoint at ``path`` with its tensors on ``device`` (the node that resumes
+    may differ from the one that wrote it), or None."""
+    import torch
+
+    try:
+        data = store.fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+
+class _StepHook:
+    """The trainer's step hook in a trial: progress reports, checkpoints, stop.
+
+    Every ``commit_every`` seconds of training (and when the launch is interrupted)
+    the whole ensemble's state is written to the store, so a kill loses at most that
+    much training of the chunk: the next holder of its points resumes from there.
+    """
+
+    def __init__(
+        self, store: Store, checkpoint: str, stop: str, commit_every: float, report, members: int
+    ) -> None:
+        self.store, self.checkpoint, self.stop = store, checkpoint, stop
+        self.commit_every, self.report, self.members = commit_every, report, members
+        self.last_commit = self.last_report = self.last_poll = -math.inf
+
+    def stopped(self) -> bool:
+        return self.store.fs.exists(self.stop)
+
+    def __call__(self, k: int, state) -> None:  # noqa: ANN001
+        import torch
+
+        now = time.monotonic()
+        if self.last_commit == -math.inf:  # the first call: training has begun
+            self.last_commit = self.last_poll = now
+        if now - self.last_report >= PROGRESS_EVERY:
+            self.report({"member_steps": k * self.members})
+            self.last_report = now
+        stop = False
+        if now - self.last_poll >= STOP_POLL:
+            stop, self.last_poll = self.stopped(), now
+        if stop or now - self.last_commit >= self.commit_every:
+            buf = io.BytesIO()
+            torch.save(state(), buf)
+            put_atomic(self.store.fs, self.checkpoint, buf.getvalue())
+            self.last_commit = time.monotonic()
+        if stop:
+            raise Stopped
+
+
+def train_and_store(
+    store_uri: str,
+    sweep: str,
+    chunk: Chunk,
+    device: str,
+    node_id: str | None = None,
+    *,
+    launch_id: str = "",
+    commit_every: float = 300.0,
+    report=lambda metrics: None,  # noqa: ANN001
+) -> dict[str, Any]:
+    """Train the chunk's members that the store does not hold and no one else is
+    training, and commit them.
+
+    Claims the points first (:mod:`phasesweep.storage.claims`), re-reads the done run
+    ids after claiming, resumes from a checkpoint of exactly these points if one
+    exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
+    launch's stop marker appears, and commits only the points it still owns.
+    ``report`` receives progress dicts during training. Returns the small summary a
+    Tune trial reports: ``points`` trained, ``skipped`` (stored already), ``busy``
+    (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
+    and ``interrupted``.
     """
     from phasesweep.pipeline.trainer import train_chunk
 
     store = Store.open(store_uri)
+    summary = {"points": 0, "skipped": 0, "busy": 0, "diverged": 0, "interrupted": False}
+    stop = stop_path(store, sweep, launch_id)
+    if store.fs.exists(stop):
+        summary["interrupted"] = True
+        return summary
     done = store.done_run_ids(sweep)
-    todo = tuple(p for p in chunk.points if p.run_id not in done)
-    summary = {"points": len(todo), "skipped": len(chunk.points) - len(todo), "diverged": 0}
+    todo = [p for p in chunk.points if p.run_id not in done]
+    summary["skipped"] = len(chunk.points) - len(todo)
     if not todo:
         return summary
-    _inject_failure([p.run_id for p in todo])
-    started = time.perf_counter()
-    tables = train_chunk(Chunk(chunk.chunk_id, todo), device)
-    runs = tables["runs"]
-    tables["runs"] = runs.set_column(
-        runs.schema.get_field_index("node_id"),
-        "node_id",
-        pa.array([node_id] * runs.num_rows, pa.string()),
+    claims = Claims(store, sweep)
+    lease, busy = claims.acquire(
+        [p.run_id for p in todo], holder=f"launch {launch_id} chunk {chunk.chunk_id}"
     )
-    store.write_chunk(sweep, chunk.chunk_id, tables)
-    status = tables["runs"].column("status").to_pylist()
-    summary.update(diverged=status.count("diverged"), seconds=time.perf_counter() - started)
-    return summary
+    try:
+        with Renewer(lease):
+            done = store.done_run_ids(sweep)  # someone may have committed before we claimed
+            mine = [p for p in todo if p.run_id in lease.run_ids and p.run_id not in done]
+            summary.update(busy=len(busy), skipped=len(chunk.points) - len(mine) - len(busy))
+            if not mine:
+                return summary
+            ids = [p.run_id for p in mine]
+            _inject_failure(ids)
+            checkpoint = checkpoint_path(store, sweep, chunk.chunk_id, ids)
+            hook = _StepHook(store, checkpoint, stop, commit_every, report, len(mine))
+            started = time.perf_counter()
+            resume = _load_checkpoint(store, checkpoint, device)
+            summary["resumed"] = 0 if resume is None else len(mine)
+            try:
+                tables = train_chunk(
+                    Chunk(chunk.chunk_id, tuple(mine)), device, hook=hook, resume=resume
+                )
+            except Stopped:
+                summary["interrupted"] = True
+                return summary
+            owned = lease.owned()  # a stall past the TTL may have lost points to another launch
+            if len(owned) < len(mine):
+                keep = pa.array(sorted(owned))
+                tables = {
+                    k: t.filter(pc.is_in(t.column("run_id"), keep)) for k, t in tables.items()
+                }
+                summary["busy"] += len(mine) - len(owned)
+            runs = tables["runs"]
+            if runs.num_rows:
+                tables["runs"] = runs.set_column(
+                    runs.schema.get_field_index("node_id"),
+                    "node_id",
+                    pa.array([node_id] * runs.num_rows, pa.string()),
+                )
+                store.write_chunk(sweep, chunk.chunk_id, tables)
+            with contextlib.suppress(FileNotFoundError):
+                store.fs.rm_file(checkpoint)
+            status = tables["runs"].column("status").to_pylist()
+            summary.update(
+                points=len(status),
+                diverged=status.count("diverged"),
+                seconds=time.perf_counter() - started,
+            )
+            return summary
+    finally:
+        lease.release()
 
 
-def _trial(config: dict[str, Any], store_uri: str, sweep: str, chunks: list) -> None:
+def _trial(
+    config: dict[str, Any],
+    store_uri: str,
+    sweep: str,
+    chunks: list,
+    launch_id: str,
+    commit_every: float,
+) -> None:
     """Tune trainable: one chunk. Threads = the CPUs Ray gave this trial."""
     import ray
     import torch
@@ -106,7 +283,17 @@ def _trial(config: dict[str, Any], store_uri: str, sweep: str, chunks: list) -> 
     device = "cuda" if assigned.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
     chunk = _decode(*chunks[config["chunk"]])
     node = ray.get_runtime_context().get_node_id()
-    tune.report(train_and_store(store_uri, sweep, chunk, device, node))
+    summary = train_and_store(
+        store_uri,
+        sweep,
+        chunk,
+        device,
+        node,
+        launch_id=launch_id,
+        commit_every=commit_every,
+        report=tune.report,
+    )
+    tune.report({**summary, "final": True})
 
 
 def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.Table:
@@ -125,13 +312,51 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     return table_of(RUNS, cols, n)
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The cluster a launch joins: ``address``, else ``$RAY_ADDRESS``, else None (embedded);
+    ``local`` names the embedded instance even where ``$RAY_ADDRESS`` is set."""
+    if address == "local":
+        return None
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 def _on_loopback(address: str | None) -> bool:
     """The embedded instance, or a cluster whose head is on this machine's loopback."""
     return not address or address.split("://")[-1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
 
 
-def _ray_init(address: str | None) -> None:
-    if _on_loopback(address):
+#: Seconds to wait for a TCP connection to a named cluster's head before giving up.
+CONNECT_TIMEOUT = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """A ``host:port`` or ``ray://host:port`` address must accept a TCP connection within
+    :data:`CONNECT_TIMEOUT` (Ray itself retries for minutes); ``auto`` is left to Ray."""
+    if address == "auto":
+        return
+    host, sep, port = address.split("://")[-1].rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(
+            "--address", address, "expected auto, HOST:PORT or ray://HOST:PORT", "argument"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as e:
+        raise SpecError(
+            "--address", address, f"cannot reach the cluster: {e}", "argument"
+        ) from None
+
+
+def connect(address: str | None) -> None:
+    """Start or join Ray for a launch (idempotent within a process).
+
+    With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
+    launch (``address="local"``: Ray never looks for a cluster someone else started on
+    the machine). Otherwise join that cluster; an unreachable or malformed address is a
+    :class:`SpecError` naming ``--address`` (exit 2), raised within seconds.
+    """
+    target = cluster_address(address)
+    if _on_loopback(target):
         # Ray resolves a loopback head address to the machine's outward IP unless
         # this is off (read when ray is first imported); keep everything on loopback.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -139,12 +364,58 @@ def _ray_init(address: str | None) -> None:
 
     if ray.is_initialized():
         return
+    if target:
+        _check_reachable(target)
     kwargs: dict[str, Any] = dict(
         include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR"
     )
-    if _on_loopback(address):
+    if _on_loopback(target):
         kwargs["_node_ip_address"] = "127.0.0.1"
-    ray.init(address=address or None, **kwargs)
+    try:
+        ray.init(address=target or "local", **kwargs)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+        if not target:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecError(
+            "--address", target, f"cannot join the cluster: {first}", "argument"
+        ) from None
+
+
+@contextlib.contextmanager
+def launch_folder() -> Iterator[str]:
+    """A local folder private to this launch (Tune's experiment directory goes here).
+
+    Folders live under ``$TMPDIR/phasesweep-tune-$UID/``; each holds a lock file its
+    launch keeps locked (``flock``) until it ends. The lock dies with its process, even
+    on SIGKILL, so every launch first removes the folders whose lock it can take: no
+    launch's temporary files outlive the next one. The base folder is removed when empty.
+    """
+    base = os.path.join(tempfile.gettempdir(), f"phasesweep-tune-{os.getuid()}")
+    os.makedirs(base, exist_ok=True)
+    for name in os.listdir(base):
+        folder = os.path.join(base, name)
+        try:
+            fd = os.open(os.path.join(folder, "lock"), os.O_RDWR)
+        except OSError:
+            continue  # being created (the lock comes first) or not ours
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its launch is alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+    folder = tempfile.mkdtemp(prefix="l", dir=base)
+    fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(base)
 
 
 def run_chunks(
@@ -159,11 +430,16 @@ def run_chunks(
     gpus_per_trial: float = 0,
     max_retries: int = 2,
     progress: bool = True,
+    commit_every: float = 300.0,
 ) -> SweepOutcome:
     """Schedule ``chunks`` as Tune trials and wait; returns what happened.
 
-    Points of trials that still fail after ``max_retries`` retries are stored
-    with status ``failed`` (a relaunch trains them again).
+    Points of trials that still fail after ``max_retries`` retries are stored with
+    status ``failed`` (a relaunch trains them again). Points another launch is training
+    (live claims) are waited for: when their holder commits they count as done, when it
+    dies or stops they are trained here. SIGINT (Ctrl-C) stops the launch: trials
+    checkpoint and end, nothing is marked failed, ``outcome.interrupted`` is set; a
+    second SIGINT raises ``KeyboardInterrupt`` at once.
     """
     outcome = SweepOutcome(total=total, skipped=skipped)
     if not chunks:
@@ -171,70 +447,231 @@ def run_chunks(
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the new console output ignores verbose=0
     os.environ.setdefault("TUNE_RESULT_BUFFER_LENGTH", "1")
-    _ray_init(address)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours below stops trials cleanly
+    connect(address)
+    launch_id = uuid.uuid4().hex[:12]
+    stop = stop_path(store, sweep, launch_id)
+    claims = Claims(store, sweep)
+    bar = _Progress(sweep, chunks, done=skipped, total=total, enabled=progress)
+
+    def on_sigint(signum, frame) -> None:  # noqa: ANN001
+        if outcome.interrupted:
+            raise KeyboardInterrupt
+        outcome.interrupted = True
+        put_atomic(store.fs, stop, b"")
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
+    pending = list(range(len(chunks)))
+    try:
+        with launch_folder() as folder:
+            while pending and not outcome.interrupted:
+                errors, busy = _fit(
+                    store, sweep, chunks, pending, folder, bar, outcome,
+                    launch_id=launch_id, commit_every=commit_every,
+                    cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                    max_retries=max_retries,
+                )  # fmt: skip
+                if outcome.interrupted:
+                    break
+                done = store.done_run_ids(sweep)
+                rerun = []
+                for i in pending:
+                    lost = [p for p in chunks[i].points if p.run_id not in done]
+                    if not lost:
+                        continue
+                    held = claims.held([p.run_id for p in lost])
+                    if i in errors or i not in busy:
+                        lost = [p for p in lost if p.run_id not in held]
+                        message = errors.get(i, "trial ended without storing its points")
+                        if lost:
+                            store.write_chunk(
+                                sweep,
+                                chunks[i].chunk_id,
+                                {"runs": failed_runs_table(lost, chunks[i].chunk_id, message)},
+                            )
+                            outcome.failed += [p.run_id for p in lost]
+                            outcome.errors.append(message)
+                            bar.points(len(lost))
+                        if not held:
+                            continue
+                    rerun.append(i)
+                pending = _wait_for_others(store, sweep, chunks, rerun, claims, bar, outcome)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+        with contextlib.suppress(FileNotFoundError):
+            store.fs.rm_file(stop)
+        bar.close()
+    return outcome
+
+
+def _fit(
+    store: Store,
+    sweep: str,
+    chunks: Sequence[Chunk],
+    indices: list[int],
+    folder: str,
+    bar: _Progress,
+    outcome: SweepOutcome,
+    *,
+    launch_id: str,
+    commit_every: float,
+    cpus_per_trial: float,
+    gpus_per_trial: float,
+    max_retries: int,
+) -> tuple[dict[int, str], set[int]]:
+    """One Tune run over ``chunks[i] for i in indices``; returns the error message of
+    each chunk whose trial failed after retries, and the chunks with points busy elsewhere."""
     from ray import tune
 
-    n_points = sum(len(c.points) for c in chunks)
-    bar = tqdm(total=n_points, unit="pt", desc=f"{sweep}", disable=not progress, smoothing=0.1)
-    bar.set_postfix(skipped=skipped)
+    busy: set[int] = set()
 
-    class _Progress(tune.Callback):
+    class _Results(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):  # noqa: ANN001
+            i = indices[trial.config["chunk"]]
+            if not result.get("final"):
+                bar.running(i, result.get("member_steps", 0))
+                return
             outcome.trained += result.get("points", 0)
+            outcome.resumed += result.get("resumed", 0)
             outcome.diverged += result.get("diverged", 0)
-            bar.update(result.get("points", 0) + result.get("skipped", 0))
+            if result.get("busy"):
+                busy.add(i)
+            if not result.get("interrupted"):
+                bar.finished(i, result.get("points", 0) + result.get("skipped", 0))
 
     trainable = tune.with_resources(
-        tune.with_parameters(_trial, store_uri=store.uri, sweep=sweep, chunks=_encode(chunks)),
+        tune.with_parameters(
+            _trial,
+            store_uri=store.uri,
+            sweep=sweep,
+            chunks=_encode([chunks[i] for i in indices]),
+            launch_id=launch_id,
+            commit_every=commit_every,
+        ),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
-    tune_dir = tempfile.mkdtemp(prefix="phasesweep-tune-")
-    try:
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"chunk": tune.grid_search(list(range(len(chunks))))},
-            tune_config=tune.TuneConfig(reuse_actors=True),
-            run_config=tune.RunConfig(
-                name=sweep,
-                storage_path=tune_dir,
-                failure_config=tune.FailureConfig(max_failures=max_retries),
-                verbose=0,
-                callbacks=[_Progress()],
-            ),
-        )
-        results = tuner.fit()
-        # A trial whose worker died before it started has no config: every chunk
-        # with points the store lacks is failed, with its trial's error if known.
-        errors = [r for r in results if r.error is not None]
-        by_chunk = {r.config["chunk"]: _describe(r.error) for r in errors if r.config}
-        fallback = (
-            _describe(errors[0].error) if errors else "trial ended without storing its points"
-        )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"chunk": tune.grid_search(list(range(len(indices))))},
+        tune_config=tune.TuneConfig(reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=f"{sweep}-{uuid.uuid4().hex[:6]}",
+            storage_path=folder,
+            failure_config=tune.FailureConfig(max_failures=max_retries),
+            verbose=0,
+            callbacks=[_Results()],
+        ),
+    )
+    results = tuner.fit()
+    # A trial whose worker died before it started has no config: it counts as failed
+    # with the first error seen.
+    errors = [r for r in results if r.error is not None]
+    fallback = _describe(errors[0].error) if errors else None
+    by_chunk = {indices[r.config["chunk"]]: _describe(r.error) for r in errors if r.config}
+    if fallback is not None:
+        reported = {indices[r.config["chunk"]] for r in results if r.config and r.error is None}
+        by_chunk.update({i: fallback for i in indices if i not in reported and i not in by_chunk})
+    return by_chunk, busy
+
+
+#: Seconds between looks at the store while waiting for points another launch trains.
+WAIT_POLL = 2.0
+
+
+def _wait_for_others(
+    store: Store,
+    sweep: str,
+    chunks: Sequence[Chunk],
+    indices: list[int],
+    claims: Claims,
+    bar: _Progress,
+    outcome: SweepOutcome,
+) -> list[int]:
+    """Wait until no point of these chunks is both unstored and claimed by a live lease;
+    returns the chunks that still have unstored points (to train here)."""
+    if indices:
+        bar.note("waiting for points in progress by another launch")
+    while indices and not outcome.interrupted:
         done = store.done_run_ids(sweep)
-        for i, chunk in enumerate(chunks):
-            lost = [p for p in chunk.points if p.run_id not in done]
-            if not lost:
-                continue
-            message = by_chunk.get(i, fallback)
-            store.write_chunk(
-                sweep, chunk.chunk_id, {"runs": failed_runs_table(lost, chunk.chunk_id, message)}
-            )
-            outcome.failed += [p.run_id for p in lost]
-            outcome.errors.append(message)
-            bar.update(len(lost))
-    finally:
-        bar.close()
-        shutil.rmtree(tune_dir, ignore_errors=True)
-    return outcome
+        lost = {i: [p.run_id for p in chunks[i].points if p.run_id not in done] for i in indices}
+        indices = [i for i in indices if lost[i]]
+        if not indices or not claims.held([r for i in indices for r in lost[i]]):
+            break
+        time.sleep(WAIT_POLL)
+    bar.note("")
+    return indices
+
+
+class _Progress:
+    """The progress bar: member-steps trained (rate and ETA from those), points done.
+
+    Trials report the member-steps of their chunk every :data:`PROGRESS_EVERY` seconds,
+    so the bar moves during a chunk, not only at its end.
+    """
+
+    def __init__(
+        self, sweep: str, chunks: Sequence[Chunk], done: int, total: int, enabled: bool
+    ) -> None:
+        self.point_steps = [c.points[0].config.train.steps for c in chunks]
+        self.live: dict[int, int] = {}  # chunk -> member-steps of its running trial
+        self.credited = [0] * len(chunks)  # chunk -> its points known to be done
+        self.other = 0  # points done otherwise (failed after retries)
+        self.skipped, self.total, self.sweep = done, total, sweep
+        self.bar = tqdm(
+            total=sum(len(c.points) * s for c, s in zip(chunks, self.point_steps)),
+            unit=" member-steps",
+            unit_scale=True,
+            disable=not enabled,
+            smoothing=0.1,
+            mininterval=0.5,
+            bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
+            "[{elapsed}<{remaining}, {rate_fmt}]",
+        )
+        self.note("")
+
+    def _show(self) -> None:
+        n = sum(c * s for c, s in zip(self.credited, self.point_steps)) + sum(self.live.values())
+        self.bar.update(n - self.bar.n)
+
+    def running(self, chunk: int, member_steps: int) -> None:
+        """A trial's progress report: member-steps of ``chunk`` trained so far."""
+        self.live[chunk] = member_steps
+        self._show()
+
+    def finished(self, chunk: int, done: int) -> None:
+        """A trial ended with ``done`` points of ``chunk`` stored (by it or others)."""
+        self.live.pop(chunk, None)
+        self.credited[chunk] = max(self.credited[chunk], done)
+        self.note("")
+
+    def points(self, n: int) -> None:
+        """``n`` points ended otherwise (failed after retries)."""
+        self.other += n
+        self.note("")
+
+    def note(self, text: str) -> None:
+        """Show points done (and ``text``) beside the bar."""
+        done = self.skipped + sum(self.credited) + self.other
+        self.bar.set_description_str(
+            f"{self.sweep}: {done}/{self.total} points" + (f" ({text})" if text else ""),
+            refresh=False,
+        )
+        self._show()
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def trial_slots(address: str | None, cpus_per_trial: float) -> int:
     """How many trials of ``cpus_per_trial`` CPUs run at once: on the cluster at
-    ``address`` (connecting to it), or on this machine when ``address`` is None."""
-    if address:
+    ``address`` or ``$RAY_ADDRESS`` (connecting to it), else on this machine."""
+    if cluster_address(address):
+        connect(address)  # first: it sets what Ray reads when first imported
         import ray
 
-        _ray_init(address)
         cpus = ray.cluster_resources().get("CPU", 1)
     else:
         cpus = os.cpu_count() or 1

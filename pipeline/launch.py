@@ -5,8 +5,9 @@ layers over these functions; nothing here prints except the progress bar of
 :func:`~phasesweep.pipeline.driver.run_chunks`.
 
 Concurrency: the store is the single source of truth. A plan is a snapshot of what the
-store held when it was made; points stored by someone else afterwards are skipped by the
-trials themselves (each trial re-reads the store before training).
+store held when it was made; trials claim their points in the store before training
+(:mod:`phasesweep.storage.claims`) and re-read it, so points stored or being trained by
+another launch are skipped or waited for, never trained twice.
 """
 
 from __future__ import annotations
@@ -17,8 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline.driver import SweepOutcome, flops_estimate, run_chunks, trial_slots
-from phasesweep.pipeline.grid import Chunk, Point, grid_size, iter_points, make_chunks, member_bytes
+from phasesweep.pipeline.driver import (
+    SweepOutcome,
+    connect,
+    flops_estimate,
+    run_chunks,
+    trial_slots,
+)
+from phasesweep.pipeline.grid import (
+    Chunk,
+    Point,
+    axis_path,
+    axis_values,
+    grid_size,
+    iter_points,
+    make_chunks,
+    member_bytes,
+)
 from phasesweep.pipeline.spec import (
     SpecError,
     SweepSpec,
@@ -59,6 +75,88 @@ def stored_spec(store: Store | str | None, sweep: str) -> SweepSpec | None:
     return None if text is None else validate_spec(parse_yaml(text))
 
 
+#: Spec sections that say how a sweep runs, not what it computes: a relaunch may change them.
+RELAUNCH_FREE = ("execution",)
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (lists are leaves)."""
+    if not isinstance(node, Mapping):
+        return {prefix.rstrip("."): node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def _grid_values(spec: SweepSpec) -> dict[str, list[Any]]:
+    """Each grid axis as its dotted path → its values (``{range: …}`` etc. expanded)."""
+    return {axis_path(a): axis_values(a, v) for a, v in spec.grid.items()}
+
+
+def relaunch_diff(old: SweepSpec, new: SweepSpec) -> tuple[list[str], list[str], bool]:
+    """What a relaunch changes against the stored spec of the same sweep name.
+
+    Returns ``(base, grid, extends)``: lines ``key: old → new`` for the base config
+    (everything but the grid and :data:`RELAUNCH_FREE`), the same for grid axes, and
+    whether the new grid only adds values to the old axes (so every stored point is
+    still a point of the new grid).
+    """
+    skip = {"grid", *RELAUNCH_FREE}
+    a, b = (
+        _flat({k: v for k, v in s.model_dump(mode="json").items() if k not in skip})
+        for s in (old, new)
+    )
+    base = [
+        f"{k}: {_show(a.get(k, '(absent)'))} → {_show(b.get(k, '(absent)'))}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k, _ABSENT) != b.get(k, _ABSENT)
+    ]
+    ga, gb = _grid_values(old), _grid_values(new)
+    grid = [
+        f"grid.{k}: {_show(ga.get(k, '(absent)'))} → {_show(gb.get(k, '(absent)'))}"
+        for k in sorted(set(ga) | set(gb))
+        if ga.get(k) != gb.get(k)
+    ]
+    extends = set(ga) == set(gb) and all(all(v in gb[k] for v in ga[k]) for k in ga)
+    return base, grid, extends
+
+
+_ABSENT = object()
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) and value == "(absent)" else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_relaunch(store: Store, spec: SweepSpec, extend: bool) -> None:
+    """Refuse (:class:`SpecError`) a launch whose spec differs from the one the store
+    holds for the same sweep name, listing what changed; with ``extend``, a grid that
+    only adds values to the stored axes (same base config) is accepted."""
+    old = stored_spec(store, spec.name)
+    if old is None:
+        return
+    base, grid, extends = relaunch_diff(old, spec)
+    if not base and not grid:
+        return
+    if extend and not base and extends:
+        return
+    if base:
+        hint = "the base config of a stored sweep cannot change: use a new sweep name"
+    elif extend:
+        hint = "--extend only adds values to the stored grid axes"
+    else:
+        hint = "pass --extend to add these grid points to the sweep, or use a new sweep name"
+    changes = "; ".join(base + grid)
+    raise SpecError(
+        "name",
+        spec.name,
+        f"differs from the spec stored for this sweep ({changes}); {hint}",
+        what="relaunch",
+    )
+
+
 @dataclass
 class Plan:
     """What a launch would do: the grid's size, what the store already holds, the chunks
@@ -97,21 +195,32 @@ def plan_sweep(
     overrides: Sequence[str] = (),
     address: str | None = None,
     cpus_per_trial: float = 1.0,
+    extend: bool = False,
 ) -> Plan:
     """Expand the spec, skip the points ``store`` holds and pack the rest into chunks.
 
     ``address`` is only used to count the cluster's CPUs (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
-    Writes nothing. The grid is streamed: its size is checked against
-    ``execution.max_points`` before it is expanded, and stored points are dropped
-    before their configs are built.
+    Writes nothing. The grid's size is checked against ``execution.max_points`` before
+    it is expanded. A spec that differs from the one stored for the same sweep name is
+    refused (:func:`check_relaunch`; ``extend`` lets the grid grow).
     """
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
-    points = iter_points(spec, skip=store.done_run_ids(spec.name))
-    todo = list(points)
-    chunks = make_chunks(todo, spec, min_chunks=trial_slots(address, cpus_per_trial))
-    return Plan(spec, raw, store, grid_size(spec), todo, chunks)
+    check_relaunch(store, spec, extend)
+    total = grid_size(spec)
+    done = store.done_run_ids(spec.name)
+    # Chunks of the whole grid, less their stored points: a relaunch packs the same
+    # chunks (same ids), so it finds the checkpoints of a killed launch's chunks.
+    chunks = [
+        Chunk(c.chunk_id, left)
+        for c in make_chunks(
+            list(iter_points(spec)), spec, min_chunks=trial_slots(address, cpus_per_trial)
+        )
+        if (left := tuple(p for p in c.points if p.run_id not in done))
+    ]
+    todo = [p for c in chunks for p in c.points]
+    return Plan(spec, raw, store, total, todo, chunks)
 
 
 def run_sweep(
@@ -124,16 +233,24 @@ def run_sweep(
     gpus_per_trial: float = 0.0,
     max_retries: int = 2,
     progress: bool = True,
+    extend: bool = False,
 ) -> SweepOutcome:
     """Train every point of the sweep that ``store`` does not hold yet, as Ray Tune trials.
 
     The same operation as ``phasesweep run``: same store, same resume semantics (a
-    relaunch skips stored points and retries failed ones), same Ray default (an
-    embedded local instance unless ``address`` names a cluster). Stores the spec
-    first, then trains; returns counts of trained, diverged, skipped and failed points.
+    relaunch skips stored points and retries failed ones; a changed spec is refused
+    unless ``extend`` and it only adds grid values), same Ray default (a private
+    embedded instance unless ``address`` or ``$RAY_ADDRESS`` names a cluster). Connects,
+    stores the spec, then trains; returns counts of trained, diverged, skipped and
+    failed points, and whether SIGINT interrupted it.
     """
     plan = plan_sweep(
-        source, store, overrides=overrides, address=address, cpus_per_trial=cpus_per_trial
+        source,
+        store,
+        overrides=overrides,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        extend=extend,
     )
     return execute(
         plan,
@@ -154,7 +271,12 @@ def execute(
     max_retries: int = 2,
     progress: bool = True,
 ) -> SweepOutcome:
-    """Store the plan's spec and train its chunks (see :func:`run_sweep`)."""
+    """Connect to Ray, store the plan's spec and train its chunks (see :func:`run_sweep`).
+
+    Nothing is written when the connection fails (:class:`SpecError` on ``--address``).
+    """
+    if plan.chunks:
+        connect(address)
     plan.store.write_spec(plan.spec.name, yaml.safe_dump(plan.raw, sort_keys=False))
     return run_chunks(
         plan.store,
@@ -167,6 +289,7 @@ def execute(
         gpus_per_trial=gpus_per_trial,
         max_retries=max_retries,
         progress=progress,
+        commit_every=plan.spec.execution.commit_every_seconds,
     )
 
 

@@ -474,6 +474,9 @@ class ExecutionConfig(_Section):
     max_points: PositiveInt = 10**7
     #: memory a chunk may use for parameters, gradients and activations, MiB.
     memory_budget_mb: PositiveInt = 1024
+    #: seconds of training between checkpoints of a running chunk in the store: a kill
+    #: or Ctrl-C loses at most this much of its training (the next launch resumes).
+    commit_every_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 300.0
 
 
 class RunConfig(_Section):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -61,6 +61,13 @@ def configure_tf32(device: torch.device, allow: bool) -> None:
         torch.backends.cudnn.allow_tf32 = allow
 
 
+#: ``hook(k, state)``: called before step k; ``state()`` snapshots the training state.
+StepHook = Callable[[int, Callable[[], dict]], None]
+
+#: Steps between calls of the step hook: a modulo per step, the hook itself reads the clock.
+HOOK_EVERY = 16
+
+
 @dataclass
 class _Log:
     """Host-side accumulation of logged rows: lists of (E,)-shaped numpy arrays per step."""
@@ -69,6 +76,26 @@ class _Log:
     alive: list[np.ndarray] = field(default_factory=list)
     traj: dict[str, list[np.ndarray]] = field(default_factory=dict)
     layers: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    def state(self) -> dict:
+        """The rows so far as tensors (what ``torch.load(weights_only=True)`` reads back)."""
+        as_t = lambda arrays: [torch.from_numpy(a) for a in arrays]  # noqa: E731
+        return {
+            "steps": list(self.steps),
+            "alive": as_t(self.alive),
+            "traj": {k: as_t(v) for k, v in self.traj.items()},
+            "layers": {k: as_t(v) for k, v in self.layers.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> _Log:
+        as_np = lambda tensors: [t.numpy() for t in tensors]  # noqa: E731
+        return cls(
+            list(state["steps"]),
+            as_np(state["alive"]),
+            {k: as_np(v) for k, v in state["traj"].items()},
+            {k: as_np(v) for k, v in state["layers"].items()},
+        )
 
     def add(
         self, step: int, alive: Tensor, traj: dict[str, Tensor], layers: dict[str, Tensor]
@@ -153,8 +180,14 @@ class ChunkTrainer:
         return b.x_train[rows, idx], b.y_train[rows, idx]
 
     # -- training ------------------------------------------------------------------------
-    def run(self) -> dict[str, pa.Table]:
-        """Train every member; returns the chunk's ``runs``, ``trajectories`` and ``layers`` tables."""
+    def run(self, hook: StepHook | None = None, resume: dict | None = None) -> dict[str, pa.Table]:
+        """Train every member; returns the chunk's ``runs``, ``trajectories`` and ``layers`` tables.
+
+        ``hook(k, state)`` is called every :data:`HOOK_EVERY` steps before step ``k``;
+        ``state()`` returns the whole training state at that point (tensors, lists and
+        numbers only), which ``resume`` takes to continue from step ``k`` exactly as if
+        never stopped (e.g. after a kill, from a checkpoint). The hook may raise to stop.
+        """
         started = time.perf_counter()
         t, b = self.base.train, self.batch
         E = self.E
@@ -181,9 +214,36 @@ class ChunkTrainer:
         stepper = EnsembleStep(self.net, E)
         self._stepper = stepper
         grads = None
-        train_s = metrics_s = 0.0
+        train_s = metrics_s = earlier_s = 0.0
+        start = 0
+        if resume is not None:
+            start, earlier_s = resume["k"], resume["wall_s"]
+            params = Params(resume["weights"], resume["biases"])
+            time_now, alive, crossing = resume["time_now"], resume["alive"], resume["crossing"]
+            final_step, loss0 = resume["final_step"], resume["loss0"]
+            prev_loss, prev_time = resume["prev_loss"], resume["prev_time"]
+            log = _Log.from_state(resume["log"])
+
+        def state() -> dict:
+            return {
+                "k": k,
+                "wall_s": earlier_s + time.perf_counter() - started,
+                "weights": list(params.weights),
+                "biases": None if params.biases is None else list(params.biases),
+                "time_now": time_now,
+                "alive": alive,
+                "crossing": crossing,
+                "final_step": final_step,
+                "loss0": loss0,
+                "prev_loss": prev_loss,
+                "prev_time": prev_time,
+                "log": log.state(),
+            }
+
         mark = time.perf_counter()
-        for k in range(steps + 1):
+        for k in range(start, steps + 1):
+            if hook is not None and k % HOOK_EVERY == 0 and k > start:
+                hook(k, state)
             x, y = self._minibatch(k) if sgd else (b.x_train, b.y_train)
             log_now = k in logged
             if log_now:  # the metrics need θ_k and ∇L(θ_k): gradients first, update below
@@ -233,7 +293,7 @@ class ChunkTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_s += time.perf_counter() - mark
-        wall = time.perf_counter() - started
+        wall = earlier_s + time.perf_counter() - started
         final = {
             "alive": alive.cpu().numpy(),
             "final_step": final_step.cpu().numpy(),
@@ -491,6 +551,11 @@ def _list_array(values: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[keep]), mask=mask)
 
 
-def train_chunk(chunk: Chunk, device: str | torch.device = "cpu") -> dict[str, pa.Table]:
+def train_chunk(
+    chunk: Chunk,
+    device: str | torch.device = "cpu",
+    hook: StepHook | None = None,
+    resume: dict | None = None,
+) -> dict[str, pa.Table]:
     """Train ``chunk`` as one ensemble and return its tables (see :class:`ChunkTrainer`)."""
-    return ChunkTrainer(chunk, device).run()
+    return ChunkTrainer(chunk, device).run(hook, resume)

@@ -84,6 +84,34 @@ def test_set_parses_exponent_floats_and_dotted_grid_axes(tmp_path, capsys, tiny_
     assert "12 points" in capsys.readouterr().out  # 2 init scales x 3 seeds x 2 sigmas
 
 
+def test_relaunch_with_a_changed_spec_is_refused_with_a_diff_unless_it_extends(
+    tmp_path, capsys, tiny_spec
+):
+    store = tmp_path / "store"
+    spec = tiny_spec()
+    Store.open(str(store)).write_spec("tiny", spec.read_text())  # as a first launch stores it
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    base = ["run", str(spec), "--store", str(store), "--dry-run"]
+    assert main(base) == 0  # the same spec: a relaunch
+    assert main([*base, "--set", "execution.max_chunk_size=2"]) == 0  # how, not what, it runs
+    assert "6 points" in capsys.readouterr().out
+    refused = [
+        (["--set", "train.steps=40"], "train.steps: 20 → 40", "base config"),
+        (["--set", "train.steps=40", "--extend"], "train.steps: 20 → 40", "base config"),
+        (["--set", "grid.seed=[0,1]", "--extend"], "[0, 1, 2] → [0, 1]", "only adds"),
+        (["--set", "grid.width=[8,16]", "--extend"], "grid.model.width: (absent)", "only adds"),
+        (["--set", "grid.seed=[0,1,2,3]"], "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
+    ]
+    for args, diff, hint in refused:
+        assert main([*base, *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and diff in err and hint in err, err
+    # grid values may be added (spelled any way) with --extend
+    assert main([*base, "--set", "grid.seed={range: [0, 5]}", "--extend"]) == 0
+    assert "10 points, 0 already stored" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
@@ -106,20 +134,18 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     # relaunch: everything skipped; a grown grid trains only the new points
     assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
     assert "skipping 6 already stored; training 0" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "run",
-                str(spec),
-                "--store",
-                str(store),
-                "--no-progress",
-                "--set",
-                "grid.seed=[0,1,2,3]",
-            ]
-        )
-        == 0
-    )
+    grown = [
+        "run",
+        str(spec),
+        "--store",
+        str(store),
+        "--no-progress",
+        "--set",
+        "grid.seed=[0,1,2,3]",
+    ]
+    assert main(grown) == 2  # a changed grid needs --extend
+    assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
+    assert main([*grown, "--extend"]) == 0
     assert "skipping 6 already stored; training 2" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs") == 8
     assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 8
@@ -228,7 +254,7 @@ def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec, phasesw
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert (
-        "6/6" in err and ("pt/s" in err or "s/pt" in err) and "<00:00" in err
+        "6/6 points" in err and "member-steps/s" in err and "<00:00" in err
     )  # done/total, rate, ETA
     assert (
         "Configuration for experiment" not in err and "Trial status" not in err

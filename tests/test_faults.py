@@ -1,0 +1,304 @@
+"""Faults done for real: another Ray on the machine, unreachable clusters, concurrent
+launches, SIGKILL and SIGINT mid-chunk. After each, every grid point is stored exactly
+once with complete trajectories, counted in the raw Parquet files (not the views)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import torch
+from phasesweep.pipeline.grid import expand
+from phasesweep.pipeline.spec import load_spec
+from phasesweep.pipeline.trainer import log_steps
+
+#: Subprocess timeouts: Ray starts slowly on a loaded machine.
+TIMEOUT = 600
+
+
+@pytest.fixture
+def short_tmp():
+    """A short private TMPDIR (Ray's socket paths live under it): the launches' Tune
+    folders and Ray's temp files go there, apart from other tests and sessions."""
+    path = Path(tempfile.mkdtemp(prefix="pf", dir="/tmp"))
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def _raw(store: Path, table: str, sweep: str):
+    files = sorted((store / table / f"sweep={sweep}").glob("*.parquet"))
+    return ds.dataset([str(f) for f in files], format="parquet").to_table().to_pandas()
+
+
+def assert_each_point_once(store: Path, spec: Path, overrides=()) -> None:
+    """Raw ``runs``: one completed row per grid point, no other rows; raw trajectories and
+    layers: every logged step (and layer) of every point exactly once."""
+    sweep, _ = load_spec(spec, list(overrides))
+    points = expand(sweep)
+    runs = _raw(store, "runs", sweep.name)
+    assert Counter(runs.run_id) == {p.run_id: 1 for p in points}
+    assert set(runs.status) == {"completed"}
+    n_log = len(log_steps(sweep.train.steps, sweep.train.log_points))
+    traj = _raw(store, "trajectories", sweep.name)
+    assert Counter(traj.run_id) == {p.run_id: n_log for p in points}
+    assert not traj.duplicated(["run_id", "step"]).any()
+    layers = _raw(store, "layers", sweep.name)
+    assert Counter(layers.run_id) == {p.run_id: n_log * sweep.model.depth for p in points}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_bin() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+def test_embedded_run_never_joins_a_cluster_started_on_the_machine(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    env = dict(os.environ, TMPDIR=str(short_tmp), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    port = _free_port()
+    head = subprocess.Popen(
+        [_ray_bin(), "start", "--head", "--block", f"--port={port}"]
+        + ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--include-dashboard=false"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # `ray start` leaves its address where ray.init(address=None) looks for one
+        current = short_tmp / "ray" / "ray_current_cluster"
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and not current.exists():
+            time.sleep(0.5)
+        assert current.exists() and str(port) in current.read_text()
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray; ray.init(address='auto', log_to_driver=False); "
+                "print(*[n['NodeID'] for n in ray.nodes()])",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        head_nodes = set(probe.stdout.split())
+        assert len(head_nodes) == 1, probe.stderr
+
+        store = tmp_path / "store"
+        spec = tiny_spec({"grid.seed": [0]})
+        proc = phasesweep_cli(
+            ["run", str(spec), "--store", str(store), "--no-progress"],
+            env_extra={"TMPDIR": str(short_tmp)},
+        )
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err
+        assert_each_point_once(store, spec)
+        nodes = set(_raw(store, "runs", "tiny").node_id)
+        assert nodes and not nodes & head_nodes  # trained on a node of its own Ray
+    finally:
+        head.terminate()  # `ray start --block` stops the processes it started
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+
+
+def test_unreachable_or_malformed_address_exits_2_and_writes_nothing(
+    tmp_path, tiny_spec, phasesweep_cli
+):
+    store = tmp_path / "store"
+    spec = tiny_spec()
+    cases = [
+        (["--address", "127.0.0.1:1"], {}, "cannot reach"),
+        (["--address", "not a host"], {}, "expected auto"),
+        ([], {"RAY_ADDRESS": "127.0.0.1:1"}, "cannot reach"),  # as `ray job submit` names it
+    ]
+    for args, env, why in cases:
+        started = time.monotonic()
+        proc = phasesweep_cli(["run", str(spec), "--store", str(store), *args], env_extra=env)
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "--address" in lines[0] and why in lines[0], err
+        assert time.monotonic() - started < 120  # no hang (a generous bound)
+        assert not store.exists()
+
+
+def test_concurrent_launches_train_every_point_once(tmp_path, tiny_spec, phasesweep_cli, short_tmp):
+    store = tmp_path / "store"
+    spec = tiny_spec({"train.steps": 1500, "execution.max_chunk_size": 2})
+    args = ["run", str(spec), "--store", str(store), "--no-progress"]
+    env = {"TMPDIR": str(short_tmp)}
+    procs = [phasesweep_cli(args, env_extra=env) for _ in range(2)]
+    errs = [p.communicate(timeout=TIMEOUT)[1] for p in procs]
+    for p, err in zip(procs, errs):
+        assert p.returncode == 0, err
+    trained = [int(re.search(r"trained (\d+)", err).group(1)) for err in errs]
+    assert sum(trained) == 6, errs  # each point trained by exactly one of them
+    assert_each_point_once(store, spec)
+    assert not list((store / "claims").rglob("r*")) and not list((store / "claims").rglob("*.json"))
+    assert not (short_tmp / f"phasesweep-tune-{os.getuid()}").exists()
+
+
+def _wait_for(predicate, what: str) -> None:
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _checkpoints(store: Path) -> list[Path]:
+    return sorted((store / "checkpoints").rglob("*.pt"))
+
+
+def _checkpoint_step(path: Path) -> int:
+    return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)["k"]
+
+
+#: Chunks that train for tens of seconds (10³-10⁴ steps/s), checkpointed every second;
+#: one CPU per trial, so two trials at once on a 2-core machine.
+LONG_CHUNKS = {
+    "train.steps": 40000,
+    "model.width": 32,
+    "data.n_train": 32,
+    "execution.commit_every_seconds": 1.0,
+}
+
+
+def _started(store: Path, n: int) -> bool:
+    """``n`` chunks have checkpointed past their first steps."""
+    found = _checkpoints(store)
+    try:
+        return len(found) >= n and all(_checkpoint_step(p) > 0 for p in found)
+    except FileNotFoundError:  # committed and removed meanwhile
+        return False
+
+
+def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    store = tmp_path / "store"
+    spec = tiny_spec(LONG_CHUNKS)  # two chunks of three points
+    args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1"]
+    env = {"TMPDIR": str(short_tmp)}
+    proc = phasesweep_cli(args, env_extra=env, start_new_session=True)
+    _wait_for(lambda: _started(store, 2), "checkpoints of both chunks")
+    time.sleep(1)  # a progress report later (the first comes with the first steps)
+    os.killpg(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    assert len(_checkpoints(store)) == 2
+    assert all(0 < _checkpoint_step(p) < 40000 for p in _checkpoints(store))
+    assert not (store / "runs").exists()
+    # progress moved during the chunks: no point done yet, member-steps and a rate shown
+    during = [
+        re.search(r"0/6 points .*\| (\S+)/240k \[.*, ([0-9.]+k?) member-steps/s\]", s)
+        for s in re.split(r"[\r\n]", err)
+    ]
+    assert any(m and m.group(1) != "0" for m in during), err[-2000:]
+    tune_dirs = short_tmp / f"phasesweep-tune-{os.getuid()}"
+    assert list(tune_dirs.iterdir())  # the killed launch's Tune folder is left behind ...
+
+    again = phasesweep_cli([*args, "--no-progress"], env_extra=env)
+    _, err = again.communicate(timeout=TIMEOUT)
+    assert again.returncode == 0, err
+    assert "trained 6 (0 diverged, 6 resumed from checkpoints)" in err
+    assert_each_point_once(store, spec)
+    assert not _checkpoints(store)
+    assert not tune_dirs.exists()  # ... and removed by the next launch
+
+
+def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    store = tmp_path / "store"
+    # three chunks of two points, two trials at a time: one chunk is never tried
+    spec = tiny_spec({**LONG_CHUNKS, "execution.max_chunk_size": 2})
+    args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1", "--no-progress"]
+    env = {"TMPDIR": str(short_tmp)}
+    proc = phasesweep_cli(args, env_extra=env, start_new_session=True)
+    _wait_for(lambda: _started(store, 2), "checkpoints of two chunks")
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not (store / "runs").exists()  # nothing finished, nothing marked failed
+    assert len(_checkpoints(store)) == 2  # the running chunks' work is kept
+
+    again = phasesweep_cli(args, env_extra=env)
+    _, err = again.communicate(timeout=TIMEOUT)
+    assert again.returncode == 0, err
+    assert "(0 diverged, 4 resumed from checkpoints)" in err
+    assert_each_point_once(store, spec)
+    assert not _checkpoints(store)
+
+
+def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
+    from phasesweep.pipeline.driver import train_and_store
+    from phasesweep.pipeline.grid import Chunk
+    from phasesweep.storage import Store
+    from phasesweep.storage.claims import Claims
+
+    store = Store.open(str(tmp_path / "store"))
+    spec = tiny_spec()
+    points = tuple(expand(load_spec(spec)[0]))
+    chunk = Chunk("c", points)
+    other, _ = Claims(store, "tiny").acquire([p.run_id for p in points[:2]])  # another launch
+    first = train_and_store(store.uri, "tiny", chunk, "cpu")
+    assert (first["points"], first["busy"], first["skipped"]) == (4, 2, 0)
+    assert set(_raw(Path(store.root), "runs", "tiny").run_id) == {p.run_id for p in points[2:]}
+    other.release()  # ... which ended without storing them
+    second = train_and_store(store.uri, "tiny", chunk, "cpu")
+    assert (second["points"], second["busy"], second["skipped"]) == (2, 0, 4)
+    assert_each_point_once(Path(store.root), spec)
+
+
+def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    from phasesweep.storage import Store
+    from phasesweep.storage.claims import Claims, Renewer
+
+    store = tmp_path / "store"
+    spec = tiny_spec()
+    points = expand(load_spec(spec)[0])
+    held = {p.run_id for p in points[:2]}
+    lease, _ = Claims(Store.open(str(store)), "tiny").acquire(held)  # a live other launch
+    with Renewer(lease):
+        proc = phasesweep_cli(
+            ["run", str(spec), "--store", str(store), "--no-progress"],
+            env_extra={"TMPDIR": str(short_tmp)},
+        )
+        _wait_for(
+            lambda: (store / "runs").exists() and len(set(_raw(store, "runs", "tiny").run_id)) == 4,
+            "the free points",
+        )
+        time.sleep(5)
+        assert proc.poll() is None  # still waiting for the held points
+        assert not held & set(_raw(store, "runs", "tiny").run_id)
+    lease.release()  # the other launch ends without storing them: this one trains them
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert "trained 6" in err
+    assert_each_point_once(store, spec)
