@@ -23,9 +23,9 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 as well; keep its message
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INVALID, f"{self.prog}: error: {message}\n")
+    def error(self, message: str) -> None:
+        """One line (no usage block), exit 2: argparse's own message names the argument."""
+        self.exit(EXIT_INVALID, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
