@@ -272,10 +272,10 @@ def test_crash_between_trajectories_and_runs(tmp_path, store_make_chunk, monkeyp
     store = Store.open(str(tmp_path))
     real_put = store_mod.put_atomic
 
-    def put_until_runs(fs, path, data):
+    def put_until_runs(fs, path, data, **kwargs):
         if "/runs/" in path:
             raise KeyboardInterrupt  # the worker is killed before the commit
-        real_put(fs, path, data)
+        real_put(fs, path, data, **kwargs)
 
     monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
     tables = store_make_chunk(["r1", "r2"], steps=4)

@@ -71,10 +71,10 @@ def test_s3_round_trip(s3_store, store_make_chunk):
 def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeypatch):
     real_put = store_mod.put_atomic
 
-    def put_until_runs(fs, path, data):
+    def put_until_runs(fs, path, data, **kwargs):
         if "/runs/" in path:
             raise ConnectionError("worker lost")
-        real_put(fs, path, data)
+        real_put(fs, path, data, **kwargs)
 
     tables = store_make_chunk(["r1"], steps=3)
     monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
