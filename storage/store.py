@@ -12,6 +12,7 @@ Files never contain the ``sweep`` column: it comes from the directory name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -75,6 +76,12 @@ class Store:
     A run whose rows are all 'failed' is not done: a relaunch commits it again,
     and the catalog prefers that row (see ``done_run_ids``).
     ``write_analysis`` and ``write_spec`` replace a file: the last writer wins.
+    ``maintenance.compact`` may run beside writers and readers (see its order).
+
+    Damage: readers (``done_run_ids``, ``manifest``, the catalog) skip files that
+    ``readable_files`` finds damaged and warn (``DamagedFileWarning``);
+    ``damaged_files`` lists them, ``maintenance.verify`` finds the rest.
+    Writes go through ``put`` and never follow a symbolic link out of the store.
 
     Attributes:
         uri: canonical URI: an absolute local path, or ``s3://bucket/prefix``.
@@ -181,13 +188,10 @@ class Store:
     def _listing(self, table: str, sweep: str | None) -> dict[str, dict]:
         """``glob(detail=True)`` of the table's files, taken again if a file vanishes
         between the directory listing and its ``stat`` (compaction removes files)."""
-        for tries_left in reversed(range(5)):
-            try:
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):
                 return self.fs.glob(self._pattern(table, sweep), detail=True)
-            except FileNotFoundError:
-                if not tries_left:
-                    raise
-        raise AssertionError("unreachable")
+        return self.fs.glob(self._pattern(table, sweep), detail=True)
 
     def _check_parquet(self, listing: dict[str, dict]) -> tuple[list[str], list[Damage]]:
         """Split a ``glob(detail=True)`` listing into readable paths (sorted) and damage."""
@@ -245,21 +249,19 @@ class Store:
         the catalog then shows the new row instead of the failed one. Reads only
         the ``run_id`` and ``status`` columns of the sweep's ``runs`` files.
         """
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):  # removed by a compaction meanwhile
+                return self._done_run_ids(sweep)
+        return self._done_run_ids(sweep)
+
+    def _done_run_ids(self, sweep: str) -> set[str]:
+        paths = self.readable_files("runs", sweep)
+        if not paths:
+            return set()
+        dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
         status = ds.field("status")
-        for tries_left in reversed(range(5)):
-            paths = self.readable_files("runs", sweep)
-            if not paths:
-                return set()
-            dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
-            try:
-                done = dataset.to_table(
-                    columns=["run_id"], filter=status.is_null() | (status != "failed")
-                )
-                return set(done.column("run_id").to_pylist())
-            except FileNotFoundError:  # removed by a compaction since the listing
-                if not tries_left:
-                    raise
-        raise AssertionError("unreachable")
+        done = dataset.to_table(columns=["run_id"], filter=status.is_null() | (status != "failed"))
+        return set(done.column("run_id").to_pylist())
 
     def write_chunk(self, sweep: str, chunk_id: str, tables: dict[str, pa.Table]) -> None:
         """Commit one attempt of a chunk: its ``trajectories``, ``layers`` and ``runs`` rows.
