@@ -126,10 +126,10 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
                 store.fs.rm_file(path)
                 act(f"removed {store.relative(path)}")
 
-    committed = {}  # attempt -> runs file
+    committed: dict[str, list[str]] = defaultdict(list)  # attempt -> its runs files
     for path, t in keys["runs"].items():
         for attempt in set(t.column("attempt").to_pylist()):
-            committed[attempt] = path
+            committed[attempt].append(path)
     attempt_files: dict[str, list[tuple[str, str]]] = defaultdict(list)  # attempt -> tables
     for table in ("trajectories", "layers"):
         for path, t in keys[table].items():
@@ -145,28 +145,26 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
 
     _verify_manifest(store, sweep, keys, committed, attempt_files, repair, problem, act)
 
-    runs = [t for t in keys["runs"].values()]
-    if not runs:
+    if not keys["runs"]:
         return
-    runs = pa.concat_tables(runs, promote_options="permissive").to_pylist()
+    runs = pa.concat_tables(keys["runs"].values(), promote_options="permissive").to_pylist()
     done = Counter(r["run_id"] for r in runs if r["status"] != "failed")
     for run_id, n in sorted(done.items()):
         if n > 1:
             problem(f"run {run_id} has {n} committed rows that are not 'failed'")
-    rows: dict[tuple[str, str], Counter] = {}  # (table, attempt) -> (run_id, step) counts
+    steps: dict[tuple[str, str, str], Counter] = defaultdict(Counter)  # (table, run, attempt)
     for table in ("trajectories", "layers"):
         for t in keys[table].values():
             for r, a, s in zip(*(t.column(c).to_pylist() for c in _KEYS[table])):
-                rows.setdefault((table, a), Counter())[(r, s)] += 1
+                steps[table, r, a][s] += 1
     for run in _shown(runs):
         if run["status"] != "completed":
             continue
         for table in ("trajectories", "layers"):
-            counts = rows.get((table, run["attempt"]), Counter())
-            steps = [n for (r, _), n in counts.items() if r == run["run_id"]]
-            if not steps:
+            counts = steps.get((table, run["run_id"], run["attempt"]))
+            if not counts:
                 problem(f"completed run {run['run_id']} has no {table} rows")
-            elif table == "trajectories" and max(steps) > 1:
+            elif table == "trajectories" and max(counts.values()) > 1:
                 problem(f"completed run {run['run_id']} has a step twice in {table}")
 
 
@@ -184,17 +182,16 @@ def _verify_manifest(store, sweep, keys, committed, attempt_files, repair, probl
             problem(f"manifest entry {store.relative(path)} has no committed runs file")
             if repair and store.fs.exists(path):
                 act(f"quarantined {_quarantine(store, path)}")
-    for attempt, runs_path in sorted(committed.items()):
-        runs = keys["runs"][runs_path].filter(
-            pa.compute.equal(keys["runs"][runs_path]["attempt"], attempt)
-        )
-        files = [(t, p) for t, p in attempt_files.get(attempt, [])] + [("runs", runs_path)]
+    for attempt, runs_paths in sorted(committed.items()):
+        runs = pa.concat_tables(keys["runs"][p] for p in runs_paths)
+        runs = runs.filter(pa.compute.equal(runs["attempt"], attempt))
+        files = attempt_files.get(attempt, []) + [("runs", p) for p in runs_paths]
         want = _entry_from_files(store, sweep, runs, files)
         have = entries.get(attempt)
         if have is not None and _same_entry(have, want):
             continue
         what = "has no manifest entry" if have is None else "disagrees with its manifest entry"
-        problem(f"committed attempt {attempt} ({store.relative(runs_path)}) {what}")
+        problem(f"committed attempt {attempt} ({store.relative(runs_paths[0])}) {what}")
         if repair:
             if have is not None:
                 store.fs.rm_file(store.manifest_path(sweep, have["chunk_id"], attempt))

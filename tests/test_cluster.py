@@ -124,11 +124,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: ``ray start``, except that 127.0.0.1 stays the node's address: the CLI swaps a loopback
+#: --node-ip-address for the machine's own address, and tests stay on loopback.
+_RAY_START = (
+    "import sys, ray._private.services as s; s.resolve_ip_for_localhost = lambda host: host; "
+    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
+)
+
+
 def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     """``ray start --block`` in a session of its own (so the node can be killed whole),
     every port chosen free so no other Ray on the machine is touched."""
     command = [
-        str(Path(sys.executable).parent / "ray"),
+        sys.executable,
+        "-c",
+        _RAY_START,
         "start",
         "--block",
         "--node-ip-address=127.0.0.1",
@@ -164,7 +174,8 @@ def _wait_for_nodes(
     """Until all ``nodes`` are alive in the cluster; fails at once if one of them exited."""
     n = len(nodes)
     script = (
-        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "import ray, sys; "
+        "ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', log_to_driver=False); "
         "print(sum(1 for node in ray.nodes() if node['Alive']))"
     )
     while time.monotonic() < deadline:
