@@ -132,6 +132,12 @@ _RAY_START = (
 )
 
 
+#: Environment of a driver of that cluster: a driver too swaps a loopback address for the
+#: machine's own, unless Ray believes it cannot form clusters (which only stops a
+#: *worker node* from starting, and drivers are none).
+_LOOPBACK_DRIVER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     """``ray start --block`` in a session of its own (so the node can be killed whole),
     every port chosen free so no other Ray on the machine is touched."""
@@ -155,38 +161,64 @@ def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def _kill_session(leader: subprocess.Popen) -> None:
-    """SIGKILL every process of ``leader``'s session: the node's raylet, store, workers."""
+def _session(leader: subprocess.Popen) -> list[int]:
+    """Pids of the processes in ``leader``'s session (the node's raylet, store, workers)."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[3]) == leader.pid:  # field 6 of stat: the session id
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(stat.parent.name), signal.SIGKILL)
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _training(leader: subprocess.Popen) -> bool:
+    """Whether a Tune trial is training in a Ray worker of ``leader``'s node."""
+    for pid in _session(leader):
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            if title.startswith("ray::") and ".train" in title:
+                return True
+    return False
+
+
+def _kill_session(leader: subprocess.Popen) -> None:
+    """SIGKILL every process of ``leader``'s session: the node's raylet, store, workers."""
+    for pid in _session(leader):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     leader.wait(timeout=60)
 
 
-def _wait_for_nodes(
-    address: str, env: dict[str, str], nodes: list[subprocess.Popen], deadline: float
+def _start_node(
+    address: str, env: dict[str, str], nodes: list[subprocess.Popen], start, deadline: float
 ) -> None:
-    """Until all ``nodes`` are alive in the cluster; fails at once if one of them exited."""
-    n = len(nodes)
+    """``start()`` a node and wait until it and all ``nodes`` are alive in the cluster, then
+    append it. A loaded machine can make Ray give up on a starting node (its raylet has
+    30 s to register): then it is started again, until ``deadline``."""
     script = (
-        "import ray, sys; "
-        "ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', log_to_driver=False); "
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
         "print(sum(1 for node in ray.nodes() if node['Alive']))"
     )
+    node = start()
     while time.monotonic() < deadline:
-        assert all(node.poll() is None for node in nodes), "a `ray start` exited: see its log"
+        assert all(n.poll() is None for n in nodes), "a node exited: see its log"
+        if node.poll() is not None:
+            node = start()
         got = subprocess.run(
-            [sys.executable, "-c", script, address], env=env, capture_output=True, text=True
+            [sys.executable, "-c", script, address],
+            env={**env, **_LOOPBACK_DRIVER},
+            capture_output=True,
+            text=True,
         )
-        if got.returncode == 0 and got.stdout.strip().splitlines()[-1:] == [str(n)]:
+        if got.returncode == 0 and got.stdout.split()[-1:] == [str(len(nodes) + 1)]:
+            nodes.append(node)
             return
         time.sleep(2)
-    raise TimeoutError(f"{n} Ray nodes did not come up at {address}")
+    _kill_session(node)
+    raise TimeoutError(f"a Ray node did not join the cluster at {address}")
 
 
 @pytest.mark.slow
@@ -206,6 +238,7 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
         host, port = server.get_host_and_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
         env.update(
+            RAY_AUTH_MODE="disabled",  # loopback only; no token from the user's ~/.ray
             PHASESWEEP_S3_ENDPOINT=f"http://{host}:{port}",
             AWS_ACCESS_KEY_ID="testing",
             AWS_SECRET_ACCESS_KEY="testing",
@@ -224,43 +257,40 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
                     os.environ[k] = v
 
         gcs = f"127.0.0.1:{_free_port()}"
-        nodes.append(
-            _ray_node(
-                env,
-                tmp_path / "head.log",
-                "--head",
-                f"--port={gcs.split(':')[1]}",
-                "--include-dashboard=false",
-                f"--temp-dir={ray_tmp}",
-                "--num-cpus=0",  # trials run on the worker nodes only
+        deadline = time.monotonic() + 900
+        head = [
+            "--head",
+            f"--port={gcs.split(':')[1]}",
+            "--include-dashboard=false",
+            "--num-cpus=0",  # trials run on the worker nodes only
+        ]
+        for name, args in (("head", head), ("worker0", []), ("worker1", [])):
+            args = [*args, f"--temp-dir={ray_tmp}"] + ([] if args else [f"--address={gcs}"])
+            log = tmp_path / f"{name}.log"
+            _start_node(
+                gcs, env, nodes, lambda args=args, log=log: _ray_node(env, log, *args), deadline
             )
-        )
-        deadline = time.monotonic() + 600
-        _wait_for_nodes(gcs, env, nodes, deadline)
-        for i in range(2):
-            nodes.append(
-                _ray_node(
-                    env, tmp_path / f"worker{i}.log", f"--address={gcs}", f"--temp-dir={ray_tmp}"
-                )
-            )
-        _wait_for_nodes(gcs, env, nodes, deadline)
 
         spec = tiny_spec(
             {
                 "name": "killed",
-                "train.steps": 3000,
+                "train.steps": 30000,
                 "execution.max_chunk_size": 1,
                 "grid.seed": [0, 1, 2, 3],
             }
         )
         proc = phasesweep_cli(
             ["run", str(spec), "--store", store.uri, "--address", gcs, "--no-progress"],
-            env_extra={k: env[k] for k in env if k.startswith(("AWS_", "PHASESWEEP_"))},
+            env_extra={
+                **{k: env[k] for k in env if k.startswith(("AWS_", "PHASESWEEP_", "RAY_"))},
+                **_LOOPBACK_DRIVER,
+            },
         )
-        while not store.files("runs", "killed") and proc.poll() is None:
-            time.sleep(0.5)
+        # mid-sweep: a chunk is committed and worker node 1 is training another one
+        while proc.poll() is None and not (store.files("runs", "killed") and _training(nodes[1])):
+            time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[1]
-        _kill_session(nodes[1])  # mid-sweep: one chunk committed, others in flight
+        _kill_session(nodes[1])
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err
 
