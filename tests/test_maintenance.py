@@ -364,3 +364,17 @@ def test_compaction_never_shows_a_row_twice_or_zero_times(tmp_path, store_make_c
     assert seen and all(answer == expected for answer in seen), [a for a in seen if a != expected]
     assert errors == []  # run_query takes new lists when a file went away
     assert run_query(store, sql)[1] == expected
+
+
+def test_compact_command(tmp_path, store_make_chunk, phasesweep_cli):
+    store = Store.open(str(tmp_path))
+    _fill(store, store_make_chunk)
+    before = _answers(store)
+    proc = phasesweep_cli(["compact", "a", "--store", str(tmp_path)])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert out.startswith("a: merged 9 files into 3")
+    assert _answers(store) == before and len(store.files("runs")) == 1 + 3  # b untouched
+    proc = phasesweep_cli(["compact", "a", "--store", str(tmp_path)])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and out.strip() == "nothing to compact", err
