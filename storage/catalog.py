@@ -107,7 +107,7 @@ def snapshot(
     as the module docstring describes."""
     for _ in range(SNAPSHOT_TRIES):
         runs = store.readable_files("runs", sweep)
-        lists = {"runs": runs, **{t: store.readable_files(t, sweep) for t in tables}}
+        lists = {"runs": runs, **{t: store.readable_files(t, sweep) for t in tables if t != "runs"}}
         if store.readable_files("runs", sweep) == runs:
             break
     return lists

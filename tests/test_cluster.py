@@ -23,6 +23,11 @@ import pytest
 import yaml
 from phasesweep.storage import run_query
 
+#: Environment of a driver of a loopback cluster: Ray swaps a loopback address for the
+#: machine's own (where no node listens), unless Ray believes it cannot form clusters
+#: (which only stops a *worker node* from starting, and drivers are none).
+_LOOPBACK_DRIVER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
 
 @pytest.fixture
 def ray_cluster():
@@ -44,7 +49,16 @@ def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec, 
     )
     store = tmp_path / "store"
     proc = phasesweep_cli(
-        ["run", str(spec), "--store", str(store), "--address", ray_cluster.address, "--no-progress"]
+        [
+            "run",
+            str(spec),
+            "--store",
+            str(store),
+            "--address",
+            ray_cluster.address,
+            "--no-progress",
+        ],
+        env_extra=_LOOPBACK_DRIVER,
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -130,12 +144,6 @@ _RAY_START = (
     "import sys, ray._private.services as s; s.resolve_ip_for_localhost = lambda host: host; "
     "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
 )
-
-
-#: Environment of a driver of that cluster: a driver too swaps a loopback address for the
-#: machine's own, unless Ray believes it cannot form clusters (which only stops a
-#: *worker node* from starting, and drivers are none).
-_LOOPBACK_DRIVER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
