@@ -130,6 +130,30 @@ def build_parser() -> argparse.ArgumentParser:
     refine.add_argument(
         "--in-process", action="store_true", help="train batches in this process, not on Ray"
     )
+
+    verify = sub.add_parser(
+        "verify",
+        help="check the store's files (exit 1 with a list of problems); --repair fixes them",
+        description="Check that every file is readable, manifest and files agree, no run is "
+        "stored twice and every completed run has its trajectories and layers. "
+        "Example: phasesweep verify lazy_rich --store s3://bucket/results --repair",
+    )
+    verify.add_argument("sweep", nargs="?", metavar="SWEEP", help="one sweep (default: all)")
+    _store_arg(verify)
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="quarantine unreadable files, drop orphans and leftover temp files, "
+        "rewrite missing or wrong manifest entries",
+    )
+
+    compact = sub.add_parser(
+        "compact",
+        help="merge a sweep's chunk files into few large ones (queries answer the same)",
+        description="Example: phasesweep compact lazy_rich --store ./results",
+    )
+    compact.add_argument("sweep", nargs="?", metavar="SWEEP", help="one sweep (default: all)")
+    _store_arg(compact)
     return parser
 
 
@@ -397,6 +421,45 @@ def _isnan(v: object) -> bool:
     return isinstance(v, float) and v != v
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from phasesweep.storage.maintenance import verify
+
+    store = _open_store(args.store)
+    report = _maintain(verify, store, args.sweep, repair=args.repair)
+    for line in report.problems:
+        print(f"problem: {line}")
+    for line in report.actions:
+        print(f"repaired: {line}")
+    if report.ok:
+        print(f"ok: {store.uri}" + (f" sweep {args.sweep}" if args.sweep else ""))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from phasesweep.storage.maintenance import compact
+
+    store = _open_store(args.store)
+    report = _maintain(compact, store, args.sweep)
+    for line in report.actions:
+        print(line)
+    if not report.actions:
+        print("nothing to compact")
+    return EXIT_OK
+
+
+def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> object:
+    """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error (exit 2)."""
+    from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage.store import check_sweep
+
+    if sweep is not None:
+        try:
+            check_sweep(sweep)
+        except ValueError as e:
+            raise SpecError("SWEEP", sweep, str(e), what="argument") from None
+    return func(store, sweep, **kwargs)
+
+
 COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
@@ -405,6 +468,8 @@ COMMANDS = {
     "plot": cmd_analysis,
     "report": cmd_analysis,
     "refine": cmd_refine,
+    "verify": cmd_verify,
+    "compact": cmd_compact,
 }
 
 

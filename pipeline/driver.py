@@ -61,7 +61,6 @@ from phasesweep.pipeline.spec import RunConfig, SpecError
 from phasesweep.storage import Store
 from phasesweep.storage.claims import Claims, Renewer
 from phasesweep.storage.schema import RUNS
-from phasesweep.storage.writer import put_atomic
 from tqdm.auto import tqdm
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
@@ -170,7 +169,7 @@ class _StepHook:
         if stop or now - self.last_commit >= self.commit_every:
             buf = io.BytesIO()
             torch.save(state(), buf)
-            put_atomic(self.store.fs, self.checkpoint, buf.getvalue())
+            self.store.put(self.checkpoint, buf.getvalue())
             self.last_commit = time.monotonic()
         if stop:
             raise Stopped
@@ -458,7 +457,7 @@ def run_chunks(
         if outcome.interrupted:
             raise KeyboardInterrupt
         outcome.interrupted = True
-        put_atomic(store.fs, stop, b"")
+        store.put(stop, b"")
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None

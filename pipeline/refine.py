@@ -367,10 +367,8 @@ def open_study(p: Plan) -> Iterator[tuple[optuna.Study, Any, Any]]:
 
     def sync() -> None:
         if tmp is not None:
-            from phasesweep.storage.writer import put_atomic
-
             with open(path, "rb") as f:
-                put_atomic(store.fs, remote, f.read())
+                store.put(remote, f.read())
 
     @contextlib.contextmanager
     def lock() -> Iterator[None]:

@@ -8,13 +8,19 @@ columns that older files lack are NULL. ``attempt`` stays visible for debugging.
 - ``runs`` holds one committed row per run. A run_id with several rows (a
   'failed' run trained again on relaunch, or a duplicate commit, which the
   writers avoid, see ``Store``) shows its earliest row that is not 'failed',
-  else its earliest row.
+  else its earliest row; between equal rows the smallest ``attempt`` wins, and
+  the ids compaction gives its merged rows sort before every other attempt id,
+  the latest compaction's first (see ``maintenance.compact``).
 - ``trajectories`` and ``layers`` hold only rows whose ``(sweep, run_id,
   attempt)`` is in ``runs``: rows of an attempt that died before its commit, or
   of a duplicate commit, are never seen.
 
 The catalog is a snapshot: the file lists are taken when it is opened (``runs``
-first, so every run it shows has all of its rows); reopen it to see later chunks.
+first, so every run it shows has all of its rows, then the others, then ``runs``
+again: if that changed, a compaction removed files meanwhile and the lists are
+taken anew); reopen it to see later chunks. Damaged files (``Store.readable_files``)
+are left out of the lists and reported as ``DamagedFileWarning``s, so one bad file
+costs its own rows, never the other files' or another sweep's.
 """
 
 from __future__ import annotations
@@ -55,16 +61,39 @@ CREATE VIEW boundaries AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_boundaries;
 """
 
 
-def open_catalog(store_or_uri: Store | str | None = None) -> duckdb.DuckDBPyConnection:
+#: DuckDB settings of a locked connection: no file, network or extension access by
+#: DuckDB itself, no scans of Python variables, and no way to change any of that.
+LOCKED = {
+    "enable_external_access": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
+
+#: How often the file lists are taken anew when compactions keep changing them.
+SNAPSHOT_TRIES = 5
+
+
+def open_catalog(
+    store_or_uri: Store | str | None = None, *, external_access: bool = False
+) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection with the store's views (see the module docstring).
 
     Works on an empty or missing store (empty views with the schema's columns).
-    Local stores are read by DuckDB's own Parquet reader, object stores through
-    the store's fsspec file system (``register_filesystem``; no httpfs needed).
-    The connection is the caller's: it can create tables, write files, etc.;
-    for untrusted SQL use ``run_query``.
+
+    By default the connection is locked (``LOCKED``): the views scan Arrow datasets
+    registered from Python, and SQL on it (a spec's ``where`` filter included)
+    cannot read or write any file, attach databases, install or load extensions,
+    or unlock itself; it can still create in-memory tables. This is what analysis
+    code gets. ``external_access=True`` (trusted maintenance code only) gives an
+    unlocked connection whose views use DuckDB's own ``read_parquet`` (object
+    stores through the store's fsspec file system, ``register_filesystem``).
+    For untrusted statements use ``run_query``, which also checks the statement.
     """
     store = as_store(store_or_uri)
+    if not external_access:
+        con = duckdb.connect(config=LOCKED)
+        create_views(con, store, via_arrow=True)
+        return con
     con = duckdb.connect()
     if not store.is_local:
         con.register_filesystem(store.fs)
@@ -72,18 +101,39 @@ def open_catalog(store_or_uri: Store | str | None = None) -> duckdb.DuckDBPyConn
     return con
 
 
-def create_views(con: duckdb.DuckDBPyConnection, store: Store, *, via_arrow: bool) -> None:
+def snapshot(
+    store: Store, sweep: str | None = None, tables: tuple[str, ...] = tuple(_TABLES)
+) -> dict[str, list[str]]:
+    """Readable files per table (``runs`` and ``tables``), of one sweep or of all, listed
+    as the module docstring describes."""
+    for _ in range(SNAPSHOT_TRIES):
+        runs = store.readable_files("runs", sweep)
+        lists = {"runs": runs, **{t: store.readable_files(t, sweep) for t in tables if t != "runs"}}
+        if store.readable_files("runs", sweep) == runs:
+            break
+    return lists
+
+
+def create_views(
+    con: duckdb.DuckDBPyConnection,
+    store: Store,
+    *,
+    via_arrow: bool,
+    files: dict[str, list[str]] | None = None,
+) -> None:
     """Create the catalog views on ``con``.
 
-    ``via_arrow=False``: read Parquet with DuckDB's ``read_parquet`` (fast; needs
-    DuckDB file access). ``via_arrow=True``: scan ``pyarrow.dataset`` objects
-    registered on the connection, which keeps working after DuckDB's own file
-    access is switched off (``run_query``).
+    ``via_arrow=False``: read Parquet with DuckDB's ``read_parquet`` (needs DuckDB
+    file access). ``via_arrow=True``: scan ``pyarrow.dataset`` objects registered
+    on the connection, which keeps working after DuckDB's own file access is
+    switched off (locked connections, ``run_query``). ``files``: the files per
+    table to read (a table left out reads as empty); default ``snapshot(store)``.
     """
+    files = snapshot(store) if files is None else files
     for table, table_schema in _TABLES.items():
         target = table_schema.append(_SWEEP)
         raw = f"_raw_{table}"
-        paths = store.files(table)
+        paths = files.get(table, [])
         con.register(f"_empty_{table}", target.empty_table())
         if not paths:
             con.execute(f"CREATE VIEW {raw} AS FROM _empty_{table}")

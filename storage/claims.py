@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from phasesweep.storage.store import Store
-from phasesweep.storage.writer import put_atomic
 
 #: Default lease lifetime (seconds) without a renewal; overridable with ``$PHASESWEEP_LEASE_TTL``.
 LEASE_TTL = 60.0
@@ -190,7 +189,7 @@ class Claims:
             "pid_start": _process_start(pid),
             "expires": time.time() + self.ttl,
         }
-        put_atomic(self.store.fs, self._lease(lease_id), json.dumps(body).encode())
+        self.store.put(self._lease(lease_id), json.dumps(body).encode())
 
     def _read(self, path: str) -> str | None:
         try:

@@ -56,9 +56,47 @@ def encode_entry(entry: dict) -> bytes:
     return json.dumps(entry, indent=1).encode()
 
 
-def decode_entries(blobs: list[bytes]) -> list[dict]:
-    """Parse entries, oldest first (ties broken by chunk id and attempt)."""
-    entries = [json.loads(b) for b in blobs]
+def check_entry(entry: object) -> dict:
+    """``entry`` if it has the shape of a manifest entry, else ``ValueError`` naming what is off.
+
+    Checked: it is a JSON object with every key of ``MANIFEST`` of the right JSON
+    type, ``finished_at`` is ISO 8601, ``n_runs`` matches ``run_ids`` and each file
+    names its table, path, rows and bytes. A truncated or garbled entry fails here
+    (or already in ``json.loads``) instead of deep inside a reader.
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"not a JSON object: {type(entry).__name__}")
+    kinds = {
+        "sweep": str,
+        "chunk_id": str,
+        "attempt": str,
+        "finished_at": str,
+        "n_runs": int,
+        "run_ids": list,
+        "files": list,
+    }
+    for key, kind in kinds.items():
+        if not isinstance(entry.get(key), kind):
+            raise ValueError(f"{key!r} missing or not a {kind.__name__}")
+    datetime.fromisoformat(entry["finished_at"])
+    if not all(isinstance(r, str) for r in entry["run_ids"]) or entry["n_runs"] != len(
+        entry["run_ids"]
+    ):
+        raise ValueError("'run_ids' must be n_runs strings")
+    for f in entry["files"]:
+        if not (
+            isinstance(f, dict)
+            and isinstance(f.get("table"), str)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("rows"), int)
+            and isinstance(f.get("bytes"), int)
+        ):
+            raise ValueError(f"bad file record {str(f)[:100]!r}")
+    return entry
+
+
+def sort_entries(entries: list[dict]) -> list[dict]:
+    """Entries oldest first (ties broken by chunk id and attempt)."""
     return sorted(entries, key=lambda e: (e["finished_at"], e["chunk_id"], e["attempt"]))
 
 

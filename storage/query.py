@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import duckdb
-from phasesweep.storage.catalog import create_views
+from phasesweep.storage.catalog import LOCKED, SNAPSHOT_TRIES, create_views, snapshot
 from phasesweep.storage.store import Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
-
-#: DuckDB settings of a query connection: no file, network or extension access by
-#: DuckDB itself, no scans of Python variables, and no way to change any of that.
-_LOCKED = {
-    "enable_external_access": False,
-    "python_enable_replacements": False,
-    "lock_configuration": True,
-}
 
 
 class ReadOnlyQueryError(ValueError):
@@ -39,18 +31,26 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
     whose views scan Arrow datasets registered from Python, with DuckDB's own
     file and extension access switched off and its configuration locked: the
     query cannot reach any file, so it cannot change the store. The whole result
-    is materialised in memory: add a LIMIT for large outputs.
+    is materialised in memory: add a LIMIT for large outputs. A query that fails
+    because a file went away meanwhile (a compaction) runs again on new lists.
     """
     statement = _read_only_statement(sql)
     store = as_store(store_or_uri)
-    con = duckdb.connect(config=_LOCKED)
-    try:
-        create_views(con, store, via_arrow=True)
-        table = con.sql(statement).to_arrow_table()
-    except duckdb.PermissionException as e:
-        raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
-    finally:
-        con.close()
+    for tries_left in reversed(range(SNAPSHOT_TRIES)):
+        files = snapshot(store)
+        con = duckdb.connect(config=LOCKED)
+        try:
+            create_views(con, store, via_arrow=True, files=files)
+            table = con.sql(statement).to_arrow_table()
+            break
+        except duckdb.PermissionException as e:
+            raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
+        except (duckdb.Error, OSError):
+            # a file listed went away (compaction): run it again on new lists, else raise
+            if not tries_left or snapshot(store) == files:
+                raise
+        finally:
+            con.close()
     return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
 
 

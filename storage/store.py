@@ -12,10 +12,14 @@ Files never contain the ``sweep`` column: it comes from the directory name.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import posixpath
 import re
+import struct
 import uuid
+import warnings
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,7 +29,7 @@ import pyarrow.fs as pafs
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from phasesweep.storage import schema
-from phasesweep.storage.manifest import decode_entries, encode_entry, manifest_entry
+from phasesweep.storage.manifest import check_entry, encode_entry, manifest_entry, sort_entries
 from phasesweep.storage.writer import parquet_bytes, put_atomic
 
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
@@ -34,6 +38,21 @@ DEFAULT_STORE = "./results"
 _SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _TABLES = {**schema.CHUNK_TABLES, **schema.ANALYSIS_TABLES}
+_MAGIC = b"PAR1"
+#: Smallest possible Parquet file: magic, (empty) footer, footer length, magic.
+_MIN_PARQUET = 2 * len(_MAGIC) + 4
+
+
+class DamagedFileWarning(UserWarning):
+    """A reader skipped a store file it cannot read (see ``Store.damaged_files``)."""
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A store file that readers skip: ``path`` on the store's file system and why."""
+
+    path: str
+    reason: str
 
 
 def resolve_store_uri(uri: str | os.PathLike[str] | None) -> str:
@@ -57,6 +76,12 @@ class Store:
     A run whose rows are all 'failed' is not done: a relaunch commits it again,
     and the catalog prefers that row (see ``done_run_ids``).
     ``write_analysis`` and ``write_spec`` replace a file: the last writer wins.
+    ``maintenance.compact`` may run beside writers and readers (see its order).
+
+    Damage: readers (``done_run_ids``, ``manifest``, the catalog) skip files that
+    ``readable_files`` finds damaged and warn (``DamagedFileWarning``);
+    ``damaged_files`` lists them, ``maintenance.verify`` finds the rest.
+    Writes go through ``put`` and never follow a symbolic link out of the store.
 
     Attributes:
         uri: canonical URI: an absolute local path, or ``s3://bucket/prefix``.
@@ -120,10 +145,95 @@ class Store:
         return f"{self.root}/{table}"
 
     def files(self, table: str, sweep: str | None = None) -> list[str]:
-        """Sorted paths (on ``fs``) of the table's Parquet files, of one sweep or of all."""
+        """Sorted paths (on ``fs``) of the table's Parquet files, of one sweep or of all.
+
+        Every file, damaged or not; readers use ``readable_files``.
+        """
         if sweep is not None:
-            _check_sweep(sweep)
-        return sorted(self.fs.glob(f"{self.table_dir(table)}/sweep={sweep or '*'}/*.parquet"))
+            check_sweep(sweep)
+        return sorted(self.fs.glob(self._pattern(table, sweep)))
+
+    def readable_files(self, table: str, sweep: str | None = None) -> list[str]:
+        """``files`` without the damaged ones, each of which is reported as a ``DamagedFileWarning``.
+
+        The check is cheap and structural (one listing with sizes, then the last 8
+        bytes of every file, batched): a file shorter than an empty Parquet file
+        (e.g. zero bytes), without the trailing ``PAR1`` magic, or whose footer
+        length does not fit the file (a truncated file) is damaged. Damage inside a
+        well-formed frame (a flipped bit in a page) is found by ``maintenance.verify``,
+        which reads every file whole. A file deleted since the listing is left out
+        without a warning (compaction removes files; see ``maintenance.compact``).
+        """
+        if sweep is not None:
+            check_sweep(sweep)
+        good, bad = self._check_parquet(self._listing(table, sweep))
+        _warn(bad)
+        return good
+
+    def damaged_files(self, sweep: str | None = None) -> list[Damage]:
+        """Files that readers skip, of one sweep or of all: Parquet files of every table
+        failing the check of ``readable_files``, and manifest entries that are not valid
+        JSON of the entry's shape. Sorted by path."""
+        if sweep is not None:
+            check_sweep(sweep)
+        bad: list[Damage] = []
+        for table in _TABLES:
+            bad += self._check_parquet(self._listing(table, sweep))[1]
+        bad += self.read_manifest(sweep)[1]
+        return sorted(bad, key=lambda d: d.path)
+
+    def _pattern(self, table: str, sweep: str | None) -> str:
+        return f"{self.table_dir(table)}/sweep={sweep or '*'}/*.parquet"
+
+    def _listing(self, table: str, sweep: str | None) -> dict[str, dict]:
+        """``glob(detail=True)`` of the table's files, taken again if a file vanishes
+        between the directory listing and its ``stat`` (compaction removes files)."""
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):
+                return self.fs.glob(self._pattern(table, sweep), detail=True)
+        return self.fs.glob(self._pattern(table, sweep), detail=True)
+
+    def _check_parquet(self, listing: dict[str, dict]) -> tuple[list[str], list[Damage]]:
+        """Split a ``glob(detail=True)`` listing into readable paths (sorted) and damage."""
+        sizes = {p: int(info["size"]) for p, info in listing.items()}
+        bad = [
+            Damage(p, f"{n} bytes, too short for Parquet")
+            for p, n in sizes.items()
+            if n < _MIN_PARQUET
+        ]
+        candidates = sorted(p for p, n in sizes.items() if n >= _MIN_PARQUET)
+        good = []
+        tails = self._tails(candidates, [sizes[p] for p in candidates])
+        for path, tail in zip(candidates, tails):
+            if tail is None:  # removed since the listing (compaction)
+                continue
+            footer_len, magic = struct.unpack("<I4s", tail)
+            if magic != _MAGIC:
+                bad.append(Damage(path, "no Parquet footer (truncated or not Parquet)"))
+            elif footer_len + _MIN_PARQUET > sizes[path]:
+                bad.append(Damage(path, f"footer of {footer_len} bytes exceeds the file"))
+            else:
+                good.append(path)
+        return good, bad
+
+    def _tails(self, paths: list[str], sizes: list[int]) -> list[bytes | None]:
+        """The last 8 bytes of every path (``None`` for a file that vanished)."""
+        if not paths:
+            return []
+        if self.is_local:
+            tails: list[bytes | None] = []
+            for path, size in zip(paths, sizes):
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(size - 8)
+                        tails.append(f.read(8))
+                except FileNotFoundError:
+                    tails.append(None)
+            return tails
+        got = self.fs.cat_ranges(
+            paths, [n - 8 for n in sizes], sizes, on_error="return"
+        )  # one batched, concurrent request per file
+        return [None if isinstance(t, FileNotFoundError) else _bytes_or_raise(t) for t in got]
 
     def sweeps(self) -> list[str]:
         """Sorted names of the sweeps with a spec or at least one committed chunk."""
@@ -139,7 +249,13 @@ class Store:
         the catalog then shows the new row instead of the failed one. Reads only
         the ``run_id`` and ``status`` columns of the sweep's ``runs`` files.
         """
-        paths = self.files("runs", sweep)
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):  # removed by a compaction meanwhile
+                return self._done_run_ids(sweep)
+        return self._done_run_ids(sweep)
+
+    def _done_run_ids(self, sweep: str) -> set[str]:
+        paths = self.readable_files("runs", sweep)
         if not paths:
             return set()
         dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
@@ -163,7 +279,7 @@ class Store:
         and rows of an attempt that dies before it stay invisible in the catalog.
         A manifest entry follows the commit. See the class docstring on concurrency.
         """
-        _check_sweep(sweep)
+        check_sweep(sweep)
         if not _CHUNK_ID.fullmatch(chunk_id):
             raise ValueError(f"chunk_id {chunk_id!r} must match {_CHUNK_ID.pattern}")
         unknown = set(tables) - set(schema.CHUNK_TABLES)
@@ -195,19 +311,22 @@ class Store:
                 continue
             path = f"{self.table_dir(name)}/sweep={sweep}/part-{chunk_id}-{attempt}.parquet"
             data = parquet_bytes(table)
-            put_atomic(self.fs, path, data)
+            self.put(path, data)
             files.append(
                 {
                     "table": name,
-                    "path": self._relative(path),
+                    "path": self.relative(path),
                     "rows": table.num_rows,
                     "bytes": len(data),
                 }
             )
         entry = manifest_entry(sweep, chunk_id, attempt, run_ids.to_pylist(), files)
-        put_atomic(
-            self.fs, f"{self._manifest_dir(sweep)}/{chunk_id}-{attempt}.json", encode_entry(entry)
-        )
+        self.put(self.manifest_path(sweep, chunk_id, attempt), encode_entry(entry))
+
+    def put(self, path: str, data: bytes) -> None:
+        """``put_atomic`` of ``data`` at ``path`` (on ``fs``, inside the store): never through
+        a symbolic link that leads out of the store."""
+        put_atomic(self.fs, path, data, root=self.root)
 
     def write_analysis(self, sweep: str, name: str, table: pa.Table) -> None:
         """Replace the ``sweep`` partition of analysis table ``name`` with ``table``, atomically.
@@ -218,24 +337,22 @@ class Store:
         On object stores a reader that is in the middle of reading the old file
         when it is replaced may fail and has to retry.
         """
-        _check_sweep(sweep)
+        check_sweep(sweep)
         if name not in schema.ANALYSIS_TABLES:
             raise ValueError(
                 f"unknown analysis table {name!r}; known: {list(schema.ANALYSIS_TABLES)}"
             )
         table = _conform(name, table, schema.ANALYSIS_TABLES[name], {})
-        put_atomic(
-            self.fs, f"{self.table_dir(name)}/sweep={sweep}/data.parquet", parquet_bytes(table)
-        )
+        self.put(f"{self.table_dir(name)}/sweep={sweep}/data.parquet", parquet_bytes(table))
 
     def write_spec(self, sweep: str, text: str) -> None:
         """Store the sweep's YAML spec as launched (UTF-8), replacing an earlier one."""
-        _check_sweep(sweep)
-        put_atomic(self.fs, self._spec(sweep), text.encode())
+        check_sweep(sweep)
+        self.put(self._spec(sweep), text.encode())
 
     def read_spec(self, sweep: str) -> str | None:
         """The spec stored by ``write_spec``, or ``None``."""
-        _check_sweep(sweep)
+        check_sweep(sweep)
         try:
             return self.fs.cat_file(self._spec(sweep)).decode()
         except FileNotFoundError:
@@ -247,14 +364,39 @@ class Store:
         One entry per committed chunk attempt: ``sweep, chunk_id, attempt,
         finished_at`` (ISO 8601, UTC), ``n_runs, run_ids`` and ``files`` (each
         ``table``, ``path`` relative to the store root, ``rows``, ``bytes``).
+        A damaged entry (truncated, not JSON, wrong shape) is skipped and reported
+        as a ``DamagedFileWarning``.
         """
         if sweep is not None:
-            _check_sweep(sweep)
-        paths = self.fs.glob(f"{self._manifest_dir(sweep or '*')}/*.json")
+            check_sweep(sweep)
+        entries, bad = self.read_manifest(sweep)
+        _warn(bad)
+        return entries
+
+    def manifest_paths(self, sweep: str | None = None) -> list[str]:
+        """Paths (on ``fs``) of the manifest entry files, of one sweep or of all, sorted."""
+        return sorted(self.fs.glob(f"{self._manifest_dir(sweep or '*')}/*.json"))
+
+    def manifest_path(self, sweep: str, chunk_id: str, attempt: str) -> str:
+        """Path (on ``fs``) of the manifest entry of one committed chunk attempt."""
+        return f"{self._manifest_dir(sweep)}/{chunk_id}-{attempt}.json"
+
+    def read_manifest(self, sweep: str | None) -> tuple[list[dict], list[Damage]]:
+        """The valid entries (oldest first) and the damaged entry files."""
+        paths = self.manifest_paths(sweep)
         if not paths:
-            return []
-        blobs = self.fs.cat(paths)
-        return decode_entries([blobs[p] for p in paths])
+            return [], []
+        blobs = self.fs.cat(paths, on_error="return")
+        entries, bad = [], []
+        for path in paths:
+            blob = blobs.get(path)
+            if isinstance(blob, FileNotFoundError):
+                continue
+            try:
+                entries.append(check_entry(json.loads(_bytes_or_raise(blob))))
+            except (ValueError, TypeError, KeyError) as e:
+                bad.append(Damage(path, f"manifest entry unreadable: {str(e)[:200]}"))
+        return sort_entries(entries), bad
 
     def _manifest_dir(self, sweep: str) -> str:
         return f"{self.root}/manifest/sweep={sweep}"
@@ -262,7 +404,8 @@ class Store:
     def _spec(self, sweep: str) -> str:
         return f"{self.root}/specs/{sweep}.yaml"
 
-    def _relative(self, path: str) -> str:
+    def relative(self, path: str) -> str:
+        """``path`` on ``fs`` relative to the store root, '/'-separated."""
         return posixpath.relpath(path, self.root) if self.is_local else path[len(self.root) + 1 :]
 
 
@@ -271,7 +414,19 @@ def as_store(store_or_uri: Store | str | None) -> Store:
     return store_or_uri if isinstance(store_or_uri, Store) else Store.open(store_or_uri)
 
 
-def _check_sweep(sweep: str) -> None:
+def _warn(damage: list[Damage]) -> None:
+    for d in damage:
+        warnings.warn(f"skipping damaged store file {d.path}: {d.reason}", DamagedFileWarning, 3)
+
+
+def _bytes_or_raise(value: bytes | BaseException) -> bytes:
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def check_sweep(sweep: str) -> None:
+    """``ValueError`` unless ``sweep`` is a valid sweep name."""
     if not _SWEEP_NAME.fullmatch(sweep):
         raise ValueError(f"sweep name {sweep!r} must match {_SWEEP_NAME.pattern}")
 

@@ -209,3 +209,46 @@ def test_query_connection_is_hardened_without_the_statement_check(
     run_query(store, "CREATE TABLE t AS SELECT * FROM trajectories")
     assert _fingerprint(tmp_path) == before
     assert run_query(store, "SELECT count(*) AS n FROM runs") == (["n"], [(1,)])
+
+
+def test_catalog_for_analysis_cannot_reach_files(tmp_path, store_make_chunk):
+    """SQL a spec carries (a plot's ``where``) runs on open_catalog's connection: locked."""
+    store = Store.open(str(tmp_path / "store"))
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pq.write_table(pa.table({"width": [1, 2]}), elsewhere / "x.parquet")
+    before = _fingerprint(tmp_path)
+    con = open_catalog(store)
+    wheres = [
+        "width IN (SELECT 1 FROM read_csv('/etc/passwd'))",
+        f"width IN (SELECT width FROM read_parquet('{elsewhere}/*'))",
+        "width IN (SELECT length(content) FROM read_text('/etc/hostname'))",
+        f"width IN (SELECT 1 FROM glob('{elsewhere}/*'))",
+        f"width IN (SELECT 1 FROM read_parquet('{store.files('runs')[0]}'))",
+    ]
+    for where in wheres:
+        with pytest.raises(duckdb.PermissionException):
+            con.execute(f"SELECT run_id FROM runs WHERE sweep = ? AND ({where})", ["s"]).fetchall()
+    statements = [
+        f"COPY (SELECT 1 AS x) TO '{elsewhere}/y.csv'",
+        f"COPY runs TO '{tmp_path}/store/runs/sweep=s/evil.parquet' (FORMAT parquet)",
+        f"ATTACH '{elsewhere}/evil.duckdb' AS evil",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "SET python_enable_replacements = true",
+    ]
+    for sql in statements:
+        with pytest.raises(duckdb.Error, match="ermission|locked|disabled"):
+            con.execute(sql)
+    assert _fingerprint(tmp_path) == before
+    # what analysis does still works
+    assert con.execute("SELECT count(*) FROM runs WHERE sweep = ?", ["s"]).fetchall() == [(2,)]
+    con.execute("CREATE TEMP TABLE t AS SELECT * FROM trajectories")
+    assert con.sql("SELECT count(*) FROM t").fetchall() == [(6,)]
+    # the unlocked catalog is opt-in (trusted maintenance code) and reads the same rows
+    full = open_catalog(store, external_access=True)
+    assert full.sql("SELECT * FROM layers ORDER BY ALL").fetchall() == (
+        con.sql("SELECT * FROM layers ORDER BY ALL").fetchall()
+    )

@@ -9,10 +9,18 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from phasesweep.storage import Store, open_catalog, resolve_store_uri, schema
+from fsspec.implementations.local import LocalFileSystem
+from phasesweep.storage import (
+    Store,
+    UnsafePathError,
+    open_catalog,
+    resolve_store_uri,
+    safe_output_path,
+    schema,
+)
 from phasesweep.storage import store as store_mod
 from phasesweep.storage import writer as writer_mod
-from phasesweep.storage.writer import parquet_bytes
+from phasesweep.storage.writer import parquet_bytes, put_atomic
 
 
 def _rows(con, sql: str) -> list[dict]:
@@ -272,10 +280,10 @@ def test_crash_between_trajectories_and_runs(tmp_path, store_make_chunk, monkeyp
     store = Store.open(str(tmp_path))
     real_put = store_mod.put_atomic
 
-    def put_until_runs(fs, path, data):
+    def put_until_runs(fs, path, data, **kwargs):
         if "/runs/" in path:
             raise KeyboardInterrupt  # the worker is killed before the commit
-        real_put(fs, path, data)
+        real_put(fs, path, data, **kwargs)
 
     monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
     tables = store_make_chunk(["r1", "r2"], steps=4)
@@ -387,3 +395,64 @@ def test_concurrent_writers_same_sweep(tmp_path, store_make_chunk):
     con = open_catalog(store)
     assert _scalar(con, "SELECT count(*) FROM trajectories") == 3 * len(expected)
     assert not [f for f in _all_files(tmp_path) if f.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    "link",
+    ["trajectories", "trajectories/sweep=s", "specs", "manifest/sweep=s"],
+)
+def test_writes_refuse_directory_links_out_of_the_store(tmp_path, store_make_chunk, link):
+    """A directory of the store replaced by a symbolic link to a folder outside it."""
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(outside, target_is_directory=True)
+    store = Store.open(str(root))
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+        store.write_spec("s", "name: s\n")
+    assert os.listdir(outside) == []
+
+
+def test_writes_refuse_a_target_link_out_of_the_store(tmp_path):
+    root, victim = tmp_path / "store", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (root / "specs").mkdir(parents=True)
+    (root / "specs" / "s.yaml").symlink_to(victim)
+    with pytest.raises(UnsafePathError, match="victim.txt"):
+        Store.open(str(root)).write_spec("s", "name: s\n")
+    assert victim.read_text() == "precious" and os.path.islink(root / "specs" / "s.yaml")
+
+
+def test_links_inside_the_store_and_a_linked_root_are_fine(tmp_path, store_make_chunk):
+    real = tmp_path / "disk" / "results"
+    real.mkdir(parents=True)
+    (real / "layers-on-other-folder").mkdir()
+    (real / "layers").symlink_to(real / "layers-on-other-folder", target_is_directory=True)
+    (tmp_path / "results").symlink_to(real, target_is_directory=True)  # the user's choice
+    store = Store.open(str(tmp_path / "results"))
+    store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+    assert store.done_run_ids("s") == {"r1"}
+    assert len(os.listdir(real / "layers-on-other-folder" / "sweep=s")) == 1
+
+
+def test_safe_output_path(tmp_path):
+    out, outside = tmp_path / "figs", tmp_path / "outside"
+    outside.mkdir()
+    path = safe_output_path(out, "sweep/phase.png")
+    assert path == str(out / "sweep" / "phase.png") and (out / "sweep").is_dir()
+    put_atomic(LocalFileSystem(), path, b"png", root=str(out))
+    assert (out / "sweep" / "phase.png").read_bytes() == b"png"
+    for bad in ("../x.png", "/etc/x.png", "a/../../x.png", ""):
+        with pytest.raises(UnsafePathError, match="relative path"):
+            safe_output_path(out, bad)
+    (out / "linked").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafePathError):
+        safe_output_path(out, "linked/phase.png")
+    (outside / "victim").write_text("precious")
+    (out / "sweep" / "loss.svg").symlink_to(outside / "victim")
+    with pytest.raises(UnsafePathError):
+        safe_output_path(out, "sweep/loss.svg")
+    with pytest.raises(UnsafePathError):
+        put_atomic(LocalFileSystem(), str(out / "sweep" / "loss.svg"), b"x", root=str(out))
+    assert (outside / "victim").read_text() == "precious" and os.listdir(outside) == ["victim"]

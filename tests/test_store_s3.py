@@ -6,7 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 from moto.server import ThreadedMotoServer
-from phasesweep.storage import Store, open_catalog, run_query
+from phasesweep.storage import (
+    DamagedFileWarning,
+    Store,
+    compact,
+    open_catalog,
+    run_query,
+    verify,
+)
 from phasesweep.storage import store as store_mod
 
 
@@ -71,10 +78,10 @@ def test_s3_round_trip(s3_store, store_make_chunk):
 def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeypatch):
     real_put = store_mod.put_atomic
 
-    def put_until_runs(fs, path, data):
+    def put_until_runs(fs, path, data, **kwargs):
         if "/runs/" in path:
             raise ConnectionError("worker lost")
-        real_put(fs, path, data)
+        real_put(fs, path, data, **kwargs)
 
     tables = store_make_chunk(["r1"], steps=3)
     monkeypatch.setattr(store_mod, "put_atomic", put_until_runs)
@@ -123,3 +130,35 @@ def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec, phasesweep_cli)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0 and "skipping 4 already stored; training 0" in err
     assert s3_store.read_spec("ons3") is not None
+
+
+def test_s3_damaged_object_is_skipped_then_repaired(s3_store, store_make_chunk):
+    s3_store.write_chunk("s", "c0", store_make_chunk(["r1"], steps=3))
+    s3_store.write_chunk("s", "c1", store_make_chunk(["r2"], steps=3, seed=1))
+    s3_store.write_chunk("t", "c0", store_make_chunk(["x1"], steps=3, seed=2))
+    (bad,) = [p for p in s3_store.files("runs", "s") if "/part-c1-" in p]
+    s3_store.fs.pipe_file(bad, s3_store.fs.cat_file(bad)[:-20])  # a truncated object
+    with pytest.warns(DamagedFileWarning, match="part-c1-"):
+        assert s3_store.done_run_ids("s") == {"r1"}
+    assert [d.path for d in s3_store.damaged_files()] == [bad]
+    with pytest.warns(DamagedFileWarning):
+        assert run_query(s3_store, "SELECT sweep, count(*) FROM runs GROUP BY ALL ORDER BY 1")[
+            1
+        ] == [("s", 1), ("t", 1)]
+
+    report = verify(s3_store, "s", repair=True, min_age_s=0)
+    assert any("unreadable file" in p for p in report.problems)
+    assert s3_store.fs.exists(f"{s3_store.root}/quarantine/{s3_store.relative(bad)}")
+    assert s3_store.damaged_files() == [] and verify(s3_store, min_age_s=0).ok
+    assert len(s3_store.files("trajectories", "s")) == 1  # c1's rows: orphans, dropped
+
+
+def test_s3_compact_keeps_answers(s3_store, store_make_chunk):
+    for c in range(4):
+        s3_store.write_chunk("s", f"c{c}", store_make_chunk([f"r{c}"], steps=3, seed=c))
+    sql = "SELECT * EXCLUDE (attempt) FROM {} ORDER BY ALL"
+    before = [run_query(s3_store, sql.format(t))[1] for t in ("runs", "trajectories", "layers")]
+    assert compact(s3_store, "s").actions
+    assert [len(s3_store.files(t, "s")) for t in ("runs", "trajectories", "layers")] == [1, 1, 1]
+    after = [run_query(s3_store, sql.format(t))[1] for t in ("runs", "trajectories", "layers")]
+    assert after == before and verify(s3_store, min_age_s=0).ok
