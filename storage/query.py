@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 from phasesweep.storage.catalog import create_views
 from phasesweep.storage.store import Store, as_store
 
@@ -27,6 +28,14 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
     ``rows`` is a list of tuples of Python values (``None`` for NULL, ``float``,
     ``int``, ``str``, lists, tz-aware ``datetime``), converted through Arrow (DuckDB's own ``fetchall``
     needs pytz for ``TIMESTAMP WITH TIME ZONE`` columns such as ``finished_at``).
+    See :func:`query_table` for what is accepted and how it is confined.
+    """
+    table = query_table(store_or_uri, sql)
+    return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
+
+
+def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
+    """Run one read-only SQL statement over the catalog views; the result as an Arrow table.
 
     Accepted: a single SELECT-like statement (``SELECT``, ``WITH``, ``FROM``,
     ``VALUES``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``) or ``EXPLAIN`` of one
@@ -35,23 +44,36 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
     naming the statement; so does an accepted statement that tries to touch
     files (e.g. ``read_csv``). SQL errors are raised as ``duckdb.Error``.
 
-    Beyond the statement check, the query runs on a fresh in-memory connection
-    whose views scan Arrow datasets registered from Python, with DuckDB's own
-    file and extension access switched off and its configuration locked: the
-    query cannot reach any file, so it cannot change the store. The whole result
+    Beyond the statement check, the query runs on a :func:`read_only_connection`:
+    it cannot reach any file, so it cannot change the store. The whole result
     is materialised in memory: add a LIMIT for large outputs.
     """
     statement = _read_only_statement(sql)
-    store = as_store(store_or_uri)
-    con = duckdb.connect(config=_LOCKED)
+    con = read_only_connection(store_or_uri)
     try:
-        create_views(con, store, via_arrow=True)
-        table = con.sql(statement).to_arrow_table()
+        return con.sql(statement).to_arrow_table()
     except duckdb.PermissionException as e:
         raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
     finally:
         con.close()
-    return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
+
+
+def read_only_connection(store_or_uri: Store | str | None) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with the catalog views, confined to the store.
+
+    The views scan Arrow datasets registered from Python; DuckDB's own file and
+    extension access is switched off and its configuration locked, so nothing run
+    on the connection can read or write a file: it may create in-memory tables,
+    never change the store. The file lists are taken now (see ``storage.catalog``).
+    """
+    store = as_store(store_or_uri)
+    con = duckdb.connect(config=_LOCKED)
+    try:
+        create_views(con, store, via_arrow=True)
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def _read_only_statement(sql: str) -> str:
