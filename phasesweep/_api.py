@@ -40,6 +40,10 @@ TABLES = ("runs", "trajectories", "layers", "summaries", "plateaus", "scaling_fi
 class StoreError(ValueError):
     """The store URI is unusable, names no existing store (for reading), or cannot be reached."""
 
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri, self.reason = uri, reason
+        super().__init__(f"store {uri}: {reason}")
+
 
 class UnknownSweepError(LookupError):
     """The store holds no sweep of this name. ``close`` lists similar stored names."""
@@ -67,7 +71,7 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
     holds any object. Reading commands need an existing store (a typo in a path is
     not an empty store); ``run`` creates it. Raises :class:`StoreError`.
     """
-    from phasesweep.storage import Store
+    from phasesweep.storage import Store, resolve_store_uri
 
     if isinstance(store, Store):
         opened = store
@@ -75,15 +79,15 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
         try:
             opened = Store.open(store)
         except ValueError as e:
-            raise StoreError(str(e)) from None
+            raise StoreError(resolve_store_uri(store), str(e)) from None
     try:
         exists = opened.fs.isdir(opened.root) if opened.is_local else opened.fs.exists(opened.root)
     except Exception as e:  # botocore/aiohttp connection errors have no common base
-        raise StoreError(f"cannot reach the store {opened.uri}: {_first_line(e)}") from None
+        raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
     if must_exist and not exists:
         raise StoreError(
-            f"no store at {opened.uri} (give --store, or set $PHASESWEEP_STORE; "
-            "`phasesweep run` creates one)"
+            opened.uri,
+            "no store there (give --store, or set $PHASESWEEP_STORE; `phasesweep run` creates one)",
         )
     return opened
 

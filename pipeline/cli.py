@@ -195,14 +195,13 @@ def _bounded(kind: type, low: float, strict: bool) -> object:
 def _open_store(uri: str | None, must_exist: bool = False) -> object:
     """The store at ``uri`` (``must_exist``: already there); else an argument error (exit 2)."""
     from phasesweep.pipeline.spec import SpecError
-    from phasesweep.storage import resolve_store_uri
 
     from phasesweep._api import StoreError, open_store
 
     try:
         return open_store(uri, must_exist=must_exist)
     except StoreError as e:
-        raise SpecError("--store", resolve_store_uri(uri), str(e), what="argument") from None
+        raise SpecError("--store", e.uri, e.reason, what="argument") from None
 
 
 def _fail(message: str) -> int:
