@@ -171,7 +171,10 @@ class DataConfig(_Section):
     )
     teacher_activation: Literal["linear", "relu", "tanh"] | None = Field(
         None,
-        description="Activation of the teacher net; None: tanh for symmetric data, else relu.",
+        description=(
+            "Activation of the teacher net; None: relu for teacher data, tanh for subspace "
+            "and symmetric data."
+        ),
     )
     teacher_singular_values: list[PositiveFloat] | None = Field(
         None,

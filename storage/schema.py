@@ -246,7 +246,7 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         ),
         "device": ColumnDoc("'cpu' or the GPU's name", "", _FAILED),
         "finished_at": ColumnDoc("when the chunk finished", "UTC timestamp"),
-        "input_dim": ColumnDoc("data.input_dim: input features"),
+        "input_dim": ColumnDoc("data.input_dim: input features", "", _FAILED),
         "n_train": ColumnDoc("data.n_train: training points"),
         "leaky_slope": ColumnDoc("model.leaky_slope (used by leaky_relu only)"),
         "optimizer": ColumnDoc("train.optimizer: 'gd' | 'sgd'"),
@@ -272,9 +272,7 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
             "torch intra-op threads the trial trained with (= its CPUs)", "count", _FAILED
         ),
         "node_id": ColumnDoc("Ray node that trained the run", "", "outside Ray, or failed runs"),
-        "lr_effective": ColumnDoc(
-            "train.lr after the spec's lr_scaling rule (before schedules)", "", _FAILED
-        ),
+        "lr_effective": ColumnDoc("train.lr after the spec's lr_scaling rule (before schedules)"),
     },
     "trajectories": {
         **_KEY,
@@ -447,4 +445,31 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
             "files written: list of {table, path (from the store root), rows, bytes}"
         ),
     },
+}
+
+#: What one row of each catalog view is (docs/reference/store.md).
+TABLE_DOCS: dict[str, str] = {
+    "runs": (
+        "One row per grid point trained (written by `phasesweep run`, one file per chunk). "
+        "A point whose rows are all 'failed' is trained again on relaunch, and the view then "
+        "shows the new row."
+    ),
+    "trajectories": (
+        "One row per run per logged step (`train.log_points` log-spaced steps, step 0 and "
+        "the last included; a diverged run's rows end at its divergence step). Metrics on "
+        "the probe set use the first `metrics.probe_size` test inputs."
+    ),
+    "layers": "One row per run per logged step per weight matrix.",
+    "summaries": (
+        "One row per run, written by `phasesweep analyze` (replaced whole on every analyze)."
+    ),
+    "plateaus": "One row per loss plateau of a run, written by `phasesweep analyze`.",
+    "scaling_fits": (
+        "Fits of log escape time against log init scale, one row per depth, law and group "
+        "of the other grid axes, written by `phasesweep analyze`."
+    ),
+    "manifest": (
+        "One row per committed chunk attempt: a log of what was written when "
+        "(the runs table stays the truth about which runs are done)."
+    ),
 }
