@@ -470,7 +470,10 @@ class AnalysisConfig(_Section):
     )
     escape_eps: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.5,
-        description="escape_time is the first time the loss is below (1 - escape_eps) * L0.",
+        description=(
+            "escape_time is when the loss falls for good below L0 - escape_eps * (L0 - L_end): "
+            "this fraction of the run's own loss range."
+        ),
     )
     extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
         [0.1, 0.9],

@@ -360,11 +360,10 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
             "'not_converged' (final loss above analysis.converged_loss_frac × L0)"
         ),
         "escape_time": ColumnDoc(
-            "first time the loss falls below (1 − escape_eps) × L0 (interpolated on the "
-            "logged points)",
+            "when the loss leaves its initial plateau for good: the last crossing of "
+            "L0 − escape_eps × (L0 − L_end), log-interpolated between logged points",
             _T,
-            "the loss fell by less than analysis.escape_min_drop or never that far; "
-            "diverged and failed runs",
+            "the loss fell by less than analysis.escape_min_drop × L0; diverged and failed runs",
         ),
         "n_plateaus": ColumnDoc(
             "plateaus detected in the loss curve", "count", "diverged and failed runs"
