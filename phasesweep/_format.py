@@ -91,7 +91,11 @@ def write_table(
     heads = [_clip(n, max_cell) for n in names]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
     numeric = [
-        all(isinstance(r[i], int | float | Decimal) or r[i] is None for r in rows) and bool(rows)
+        bool(rows)
+        and all(
+            r[i] is None or (isinstance(r[i], int | float | Decimal) and not isinstance(r[i], bool))
+            for r in rows
+        )
         for i in range(len(names))
     ]
 

@@ -284,10 +284,30 @@ def api_reference() -> str:
             else:
                 doc += "\n\nSee [the spec reference](spec.md) for its keys."
         else:
-            head = f"phasesweep.{name}{inspect.signature(obj)}"
+            head = f"phasesweep.{name}{_signature(obj)}"
             doc = inspect.getdoc(obj) or ""
         lines += ["", f"## `{name}`", "", "```python", head, "```", "", doc]
     return "\n".join(lines) + "\n"
+
+
+class _Text(str):
+    """An annotation kept as source text (``from __future__ import annotations``)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _signature(fn: object) -> inspect.Signature:
+    """``fn``'s signature with its annotations shown as written, not as quoted strings."""
+
+    def unquote(a: object) -> object:
+        return _Text(a) if isinstance(a, str) else a
+
+    sig = inspect.signature(fn)
+    return sig.replace(
+        parameters=[p.replace(annotation=unquote(p.annotation)) for p in sig.parameters.values()],
+        return_annotation=unquote(sig.return_annotation),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

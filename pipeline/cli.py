@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "query",
         "run a read-only SQL query over the store",
         '  phasesweep query "SELECT status, count(*) FROM runs GROUP BY ALL"\n'
-        "  phasesweep query @docs/phase.sql --format csv > phase.csv\n"
+        "  phasesweep query @phase.sql --format csv > phase.csv\n"
         '  echo "SHOW TABLES" | phasesweep query -\n'
         '  phasesweep query "DESCRIBE trajectories"',
     )
