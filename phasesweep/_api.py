@@ -97,12 +97,15 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _sweep_store(sweep: str, store: Store | str | Path | None) -> Store:
-    """The existing store at ``store``, which must hold ``sweep`` (:class:`UnknownSweepError`)."""
+def _sweep_store(sweep: str, store: Store | str | Path | None, *, runs: bool = True) -> Store:
+    """The existing store at ``store``, which must hold ``sweep`` (:class:`UnknownSweepError`)
+    and, with ``runs``, some of its runs (:class:`StoreError`: only its spec is stored)."""
     opened = open_store(store)
     known = opened.sweeps()
     if sweep not in known:
         raise UnknownSweepError(sweep, opened.uri, known)
+    if runs and not opened.files("runs", sweep):
+        raise StoreError(opened.uri, f"sweep {sweep!r} has no runs yet, only its spec: run it")
     return opened
 
 
@@ -204,7 +207,7 @@ def status(sweep: str | None = None, store: Store | str | Path | None = None) ->
     """
     from phasesweep.pipeline.launch import sweep_status
 
-    opened = open_store(store) if sweep is None else _sweep_store(sweep, store)
+    opened = open_store(store) if sweep is None else _sweep_store(sweep, store, runs=False)
     return sweep_status(opened, sweep)
 
 

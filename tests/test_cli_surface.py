@@ -191,6 +191,31 @@ def test_unknown_sweep_far_from_any_name_lists_the_stored_ones(phasesweep_cli, s
     assert code == 2 and "it holds: synth" in err
 
 
+def test_a_sweep_with_only_its_spec_has_a_status_and_nothing_to_analyze(
+    phasesweep_cli, synthetic_store
+):
+    s, _ = synthetic_store("other", GRID)
+    s.write_spec("planned", "name: planned\ngrid: {seed: [0, 1]}\n")
+    code, out, err = _run(phasesweep_cli, ["status", "planned", "--store", s.root])
+    assert code == 0, err
+    assert "no runs stored for sweep planned" in out
+    for command in ("analyze", "plot", "report"):
+        code, out, err = _run(phasesweep_cli, [command, "planned", "--store", s.root])
+        assert code == 2 and "'planned' has no runs yet" in err
+        _one_line_error(err)
+
+
+def test_interrupt_exits_130_without_traceback(capsys, store, monkeypatch):
+    from phasesweep import _api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_api, "analyze", interrupted)
+    assert cli.main(["analyze", "synth", "--store", str(store)]) == 130
+    assert capsys.readouterr().err == "phasesweep: interrupted\n"
+
+
 def test_show_tables_lists_only_the_views(phasesweep_cli, store):
     code, out, err = _run(phasesweep_cli, ["query", "SHOW TABLES", "--store", str(store)])
     assert code == 0, err
