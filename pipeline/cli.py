@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="phasesweep",
-        description=__doc__.split("\n")[0],
+        description="Phase diagrams of neural-network training dynamics: run grids of tiny "
+        "trainings on Ray, query the Parquet store with SQL, draw figures and reports.",
         epilog="examples:\n"
         "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
         '  phasesweep query "SELECT status, count(*) FROM runs GROUP BY ALL"\n'
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--address",
         default=None,
-        help="Ray address: auto or ray://host:port (default: an embedded local Ray)",
+        help="Ray cluster to join: auto, host:port or ray://host:port "
+        "(default: an embedded local Ray, private to this launch)",
     )
     run.add_argument(
         "--set",
