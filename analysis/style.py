@@ -1,18 +1,21 @@
 """One look for every phasesweep figure: seaborn theme, labels with units, saving.
 
 Importing this module selects matplotlib's non-interactive Agg backend, so
-figures render on headless machines and in Ray workers.
+figures render on headless machines and in Ray workers, unless a backend was chosen
+through ``$MPLBACKEND`` (as Jupyter kernels do: a notebook keeps showing figures inline).
 """
 
 from __future__ import annotations
 
 import io
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
+if not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,16 +1,68 @@
 """phasesweep: phase diagrams of neural-network training dynamics from huge grids of tiny
 vectorized trainings, run on Ray, stored as Parquet and queried with DuckDB.
 
-The layout's folders are installed under this one name: :mod:`phasesweep.pipeline`
-(spec, grid, models, trainer, Ray driver, CLI), :mod:`phasesweep.storage` (Parquet store,
-DuckDB catalog) and :mod:`phasesweep.analysis` (regimes, escape times, figures, report).
+The Python API mirrors the command line (each ``phasesweep`` subcommand is a thin
+layer over one of these functions)::
+
+    import phasesweep
+
+    spec = phasesweep.load_spec("sweeps/quickstart.yaml", ["train.steps=300"])
+    phasesweep.run(spec, "results")                  # phasesweep run
+    phasesweep.status("quickstart", "results")       # phasesweep status
+    phasesweep.table("SELECT * FROM runs", "results")   # phasesweep query -> DataFrame
+    phasesweep.analyze("quickstart", "results")      # phasesweep analyze
+    cells = phasesweep.phase_diagram("quickstart", "results")
+    fig = phasesweep.draw("loss_curves", "results", "quickstart", ax=ax)
+
+Importing :mod:`phasesweep` is cheap: torch, Ray, DuckDB and matplotlib load on first
+use of a function that needs them. The layout's folders are installed under this one
+name: :mod:`phasesweep.pipeline` (spec, grid, models, trainer, Ray driver, CLI),
+:mod:`phasesweep.storage` (Parquet store, DuckDB catalog) and
+:mod:`phasesweep.analysis` (regimes, escape times, figures, report). The reference
+(spec keys, store columns, SQL cookbook, cluster use) is in ``docs/``.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("phasesweep")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+#: Public name -> the module that defines it (imported on first access).
+_EXPORTS = {
+    "load_spec": "phasesweep._api",
+    "expand": "phasesweep._api",
+    "plan": "phasesweep._api",
+    "run": "phasesweep._api",
+    "status": "phasesweep._api",
+    "connect": "phasesweep._api",
+    "table": "phasesweep._api",
+    "phase_diagram": "phasesweep._api",
+    "analyze": "phasesweep._api",
+    "plot": "phasesweep._api",
+    "report": "phasesweep._api",
+    "draw": "phasesweep.analysis",
+    "StoreError": "phasesweep._api",
+    "UnknownSweepError": "phasesweep._api",
+    "SpecError": "phasesweep.pipeline.spec",
+    "SweepSpec": "phasesweep.pipeline.spec",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'phasesweep' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,25 +1,27 @@
-"""The ``phasesweep`` command line (see DESIGN.md for the contract).
+"""The ``phasesweep`` command line: a thin layer over the Python API (:mod:`phasesweep`).
 
 Exit codes: 0 all points done (a diverged run is done); 1 some points failed
-after retries; 2 invalid spec or arguments — the message names the key and the
-value, and nothing is written to the store.
+after retries; 2 invalid spec, arguments, SQL or store, or an unknown sweep — one
+line that names the key and the value, and nothing is written to the store;
+3 an unexpected error (a bug or the environment: one line, ``--debug`` shows the
+traceback); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import math
 import re
 import sys
+import traceback
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
 from phasesweep.pipeline.spec import excerpt
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNEXPECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,17 +35,53 @@ def _store_arg(p: argparse.ArgumentParser) -> None:
         "--store",
         type=_store_uri,
         default=None,
+        metavar="URI",
         help="store URI: a path, file://… or s3://bucket/prefix "
         "(default: $PHASESWEEP_STORE, else ./results)",
     )
 
 
+def _subcommand(sub: argparse._SubParsersAction, name: str, help_: str, examples: str):
+    """A subcommand whose help ends with ``examples`` (shell lines, shown as written)."""
+    return sub.add_parser(
+        name,
+        help=help_,
+        description=help_[0].upper() + help_[1:] + ".",
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="phasesweep", description=__doc__.split("\n")[0])
+    from phasesweep import __version__
+
+    parser = _Parser(
+        prog="phasesweep",
+        description="Phase diagrams of neural-network training dynamics: run grids of tiny "
+        "trainings on Ray, query the Parquet store with SQL, draw figures and reports.",
+        epilog="examples:\n"
+        "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
+        '  phasesweep query "SELECT status, count(*) FROM runs GROUP BY ALL"\n'
+        "  phasesweep SUBCOMMAND --help\n\n"
+        "exit codes: 0 done; 1 some points failed after retries; 2 invalid spec, "
+        "arguments, SQL or store; 3 unexpected error; 130 interrupted",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"phasesweep {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="launch a sweep (skips the points the store already holds)")
-    run.add_argument("spec", type=Path, metavar="SPEC.yaml")
+    run = _subcommand(
+        sub,
+        "run",
+        "launch a sweep (skips the points the store already holds)",
+        "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
+        "  phasesweep run sweeps/quickstart.yaml --set train.steps=500 --set grid.width=[64,256]\n"
+        "  phasesweep run sweeps/saddle_escape.yaml --address auto --store s3://bucket/ps",
+    )
+    run.add_argument("spec", type=Path, metavar="SPEC.yaml", help="the sweep spec (YAML)")
     _store_arg(run)
     run.add_argument(
         "--address",
@@ -63,9 +101,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run", action="store_true", help="print points, chunks and estimates; write nothing"
     )
-    run.add_argument("--cpus-per-trial", type=_bounded(float, 0, strict=True), default=1.0)
-    run.add_argument("--gpus-per-trial", type=_bounded(float, 0, strict=False), default=0.0)
-    run.add_argument("--max-retries", type=_bounded(int, 0, strict=False), default=2)
+    run.add_argument(
+        "--cpus-per-trial",
+        type=_bounded(float, 0, strict=True),
+        default=1.0,
+        metavar="N",
+        help="CPUs (and torch threads) per Ray trial, > 0 (default: 1)",
+    )
+    run.add_argument(
+        "--gpus-per-trial",
+        type=_bounded(float, 0, strict=False),
+        default=0.0,
+        metavar="F",
+        help="GPUs per Ray trial, >= 0; fractions share a GPU (default: 0)",
+    )
+    run.add_argument(
+        "--max-retries",
+        type=_bounded(int, 0, strict=False),
+        default=2,
+        metavar="N",
+        help="retries of a failed trial before its points are stored as failed (default: 2)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument(
         "--extend",
@@ -73,39 +129,77 @@ def build_parser() -> argparse.ArgumentParser:
         help="add new grid values to a stored sweep (its base config must stay the same)",
     )
 
-    status = sub.add_parser("status", help="counts of stored runs by sweep and status")
-    status.add_argument("sweep", nargs="?", metavar="SWEEP")
+    status = _subcommand(
+        sub,
+        "status",
+        "counts of stored runs by sweep and status",
+        "  phasesweep status\n  phasesweep status quickstart --store results",
+    )
+    status.add_argument(
+        "sweep", nargs="?", metavar="SWEEP", help="one sweep, with its grid size (default: all)"
+    )
     _store_arg(status)
 
-    query = sub.add_parser("query", help="run a read-only SQL query over the store")
-    query.add_argument("sql", metavar="SQL")
+    query = _subcommand(
+        sub,
+        "query",
+        "run a read-only SQL query over the store",
+        '  phasesweep query "SELECT status, count(*) FROM runs GROUP BY ALL"\n'
+        "  phasesweep query @phase.sql --format csv > phase.csv\n"
+        '  echo "SHOW TABLES" | phasesweep query -\n'
+        '  phasesweep query "DESCRIBE trajectories"',
+    )
+    query.add_argument(
+        "sql",
+        nargs="?",
+        metavar="SQL",
+        help="one read-only SQL statement; - reads it from standard input, @FILE from FILE",
+    )
+    query.add_argument(
+        "--file", "-f", type=Path, metavar="FILE", help="read the SQL from FILE (instead of SQL)"
+    )
     _store_arg(query)
-    query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="table: aligned, wide cells clipped, row count last (default); "
+        "csv: header and \\n line ends, lists as JSON; json: an array of objects, NaN as null",
+    )
 
-    for name, help_ in (
-        ("analyze", "write summaries, plateaus and scaling fits of a sweep"),
-        ("plot", "regenerate a sweep's figures"),
-        ("report", "write a sweep's self-contained HTML report"),
+    for name, help_, example in (
+        ("analyze", "write summaries, plateaus and scaling fits of a sweep", ""),
+        ("plot", "regenerate a sweep's figures (PNG and SVG)", " --out figures"),
+        ("report", "write a sweep's self-contained HTML report", " --out report"),
     ):
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("sweep", metavar="SWEEP")
+        p = _subcommand(
+            sub,
+            name,
+            help_,
+            f"  phasesweep {name} quickstart\n  phasesweep {name} quickstart --store results"
+            + example,
+        )
+        p.add_argument("sweep", metavar="SWEEP", help="the sweep's name (see `phasesweep status`)")
         _store_arg(p)
         if name != "analyze":
             p.add_argument(
                 "--out",
                 type=Path,
                 default=None,
-                help="output directory (default: inside the store)",
+                metavar="DIR",
+                help="output directory (default: STORE/figures/SWEEP)",
             )
-    refine = sub.add_parser(
+    refine = _subcommand(
+        sub,
         "refine",
-        help="find where a metric crosses a level along one axis, line by line (Optuna)",
-        description="Bisect AXIS between the sweep's grid points where the seed-mean final "
-        "METRIC crosses LEVEL, for every value of the other grid axes; new runs go to the "
-        "sweep SWEEP__refine_METRIC, the estimates to the boundaries table. Example: "
-        "phasesweep refine lazy_rich --metric kernel_distance --level 0.01 --budget 200",
+        "find where a metric crosses a level along one axis, line by line (Optuna): new "
+        "runs go to the sweep SWEEP__refine_METRIC, the estimates to the boundaries table",
+        "  phasesweep refine lazy_rich --metric kernel_distance --level 0.01 --budget 200\n"
+        "  phasesweep refine quickstart --metric param_rel_change --level 0.1 --axis init_scale",
     )
-    refine.add_argument("sweep", metavar="SWEEP")
+    refine.add_argument(
+        "sweep", metavar="SWEEP", help="the sweep to refine (its grid is the start)"
+    )
     refine.add_argument("--metric", required=True, help="a trajectories or runs column")
     refine.add_argument("--level", required=True, type=float, help="the level of the metric")
     refine.add_argument("--axis", default="init_scale", help="grid axis to search")
@@ -131,12 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--in-process", action="store_true", help="train batches in this process, not on Ray"
     )
 
-    verify = sub.add_parser(
+    verify = _subcommand(
+        sub,
         "verify",
-        help="check the store's files (exit 1 with a list of problems); --repair fixes them",
-        description="Check that every file is readable, manifest and files agree, no run is "
-        "stored twice and every completed run has its trajectories and layers. "
-        "Example: phasesweep verify lazy_rich --store s3://bucket/results --repair",
+        "check that every file is readable, manifest and files agree, no run is stored twice "
+        "and every completed run has its trajectories and layers (exit 1 with a list of "
+        "problems); --repair fixes what it can",
+        "  phasesweep verify\n  phasesweep verify lazy_rich --store s3://bucket/results --repair",
     )
     verify.add_argument("sweep", nargs="?", metavar="SWEEP", help="one sweep (default: all)")
     _store_arg(verify)
@@ -147,10 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
         "rewrite missing or wrong manifest entries",
     )
 
-    compact = sub.add_parser(
+    compact = _subcommand(
+        sub,
         "compact",
-        help="merge a sweep's chunk files into few large ones (queries answer the same)",
-        description="Example: phasesweep compact lazy_rich --store ./results",
+        "merge a sweep's chunk files into few large ones (queries answer the same)",
+        "  phasesweep compact lazy_rich --store ./results",
     )
     compact.add_argument("sweep", nargs="?", metavar="SWEEP", help="one sweep (default: all)")
     _store_arg(compact)
@@ -226,15 +322,16 @@ def _store_uri(text: str) -> str:
     return text
 
 
-def _open_store(uri: str | None) -> object:
-    """The store at ``uri``; an unusable URI is an argument error (exit 2)."""
+def _open_store(uri: str | None, must_exist: bool = False) -> object:
+    """The store at ``uri`` (``must_exist``: already there); else an argument error (exit 2)."""
     from phasesweep.pipeline.spec import SpecError
-    from phasesweep.storage import Store
+
+    from phasesweep._api import StoreError, open_store
 
     try:
-        return Store.open(uri)
-    except ValueError as e:
-        raise SpecError("--store", uri, str(e), what="argument") from None
+        return open_store(uri, must_exist=must_exist)
+    except StoreError as e:
+        raise SpecError("--store", e.uri, e.reason, what="argument") from None
 
 
 def _fail(message: str) -> int:
@@ -313,13 +410,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline.launch import sweep_status
+    from phasesweep import _api
+    from phasesweep._format import write_table
 
-    status = sweep_status(_open_store(args.store), args.sweep)
+    status = _api.status(args.sweep, _open_store(args.store, must_exist=True))
     if not status.counts:
         print("no runs stored" + (f" for sweep {args.sweep}" if args.sweep else ""))
         return EXIT_OK
-    _print_table(["sweep", "status", "runs"], status.counts)
+    write_table(["sweep", "status", "runs"], status.counts, sys.stdout)
     if status.total is not None:
         print(
             f"{status.done} of {status.total} points done, {status.total - status.done} remaining"
@@ -327,61 +425,77 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_query(args: argparse.Namespace) -> int:
-    import csv
+class _SqlError(Exception):
+    """An SQL statement DuckDB rejected (parser, binder, catalog, conversion, …)."""
 
-    from phasesweep.storage import ReadOnlyQueryError, run_query
 
+def _read_sql(args: argparse.Namespace) -> str:
+    """The SQL text of ``query``: the argument, ``-`` (stdin), ``@FILE`` or ``--file FILE``."""
+    from phasesweep.pipeline.spec import SpecError
+
+    if (args.sql is None) == (args.file is None):
+        raise SpecError(
+            "SQL", args.sql, "give the SQL, - (stdin), @FILE or --file FILE", "argument"
+        )
+    if args.sql == "-":
+        return sys.stdin.read()
+    path = args.file if args.file is not None else None
+    if args.sql is not None and args.sql.startswith("@"):
+        path = Path(args.sql[1:])
+    if path is None:
+        return args.sql
     try:
-        names, rows = run_query(_open_store(args.store), args.sql)
-    except ReadOnlyQueryError as e:
-        return _fail(str(e))
-    if args.format == "csv":
-        w = csv.writer(sys.stdout)
-        w.writerow(names)
-        w.writerows(rows)
-    elif args.format == "json":
-        print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
-    else:
-        _print_table(names, rows)
+        return path.read_text()
+    except OSError as e:
+        raise SpecError("--file", str(path), f"cannot read: {e.strerror}", "argument") from None
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from phasesweep import _api, _format
+
+    sql = _read_sql(args)
+    store = _open_store(args.store, must_exist=True)
+    try:
+        table = _api.arrow_table(sql, store)
+    except duckdb.Error as e:
+        raise _SqlError(f"SQL error: {_paragraph(e)}") from e
+    names = table.column_names
+    rows = list(zip(*(column.to_pylist() for column in table.columns)))
+    write = {"csv": _format.write_csv, "json": _format.write_json}.get(
+        args.format, _format.write_table
+    )
+    write(names, rows, sys.stdout)
     return EXIT_OK
 
 
-def _print_table(names: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    def fmt(v: object) -> str:
-        if v is None:
-            return "NULL"
-        if isinstance(v, float):
-            return f"{v:.6g}"
-        return str(v)
-
-    cells = [[fmt(v) for v in r] for r in rows]
-    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
-    print("  ".join(n.ljust(w) for n, w in zip(names, widths)))
-    print("  ".join("-" * w for w in widths))
-    for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+def _paragraph(error: BaseException) -> str:
+    """The first paragraph of an error message on one line (DuckDB's name the problem,
+    then "Did you mean …?", then a blank line and the SQL with a caret)."""
+    text = str(error).strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def cmd_analysis(args: argparse.Namespace) -> int:
-    from phasesweep import analysis
+    from phasesweep import _api
 
-    store = _open_store(args.store)
-    if args.sweep not in store.sweeps():
-        return _fail(f"SWEEP = {args.sweep!r}: no such sweep in the store {store.uri}")
+    store = _open_store(args.store, must_exist=True)
     if args.command == "analyze":
-        counts = analysis.analyze(store, args.sweep)
+        counts = _api.analyze(args.sweep, store)
         print(", ".join(f"{k}: {v} rows" for k, v in counts.items()))
     elif args.command == "plot":
-        for path in analysis.plot(store, args.sweep, args.out):
+        for path in _api.plot(args.sweep, store, args.out):
             print(path)
     else:
-        print(analysis.report(store, args.sweep, args.out))
+        print(_api.report(args.sweep, store, args.out))
     return EXIT_OK
 
 
 def cmd_refine(args: argparse.Namespace) -> int:
     from phasesweep.pipeline.refine import refine
+
+    from phasesweep._format import write_table
 
     out = refine(
         _open_store(args.store),
@@ -411,9 +525,8 @@ def cmd_refine(args: argparse.Namespace) -> int:
         "converged",
         "n_runs",
     ]
-    _print_table(
-        cols, [tuple(None if _isnan(v) else v for v in r) for r in b[cols].itertuples(index=False)]
-    )
+    rows = [tuple(None if _isnan(v) else v for v in r) for r in b[cols].itertuples(index=False)]
+    write_table(cols, rows, sys.stdout)
     return EXIT_FAILED if out.failed else EXIT_OK
 
 
@@ -474,19 +587,45 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from phasesweep.pipeline.spec import SpecError
-
+    """Run the command line; returns the exit code (see the module docstring)."""
     try:
         args = build_parser().parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2), printed
         return int(e.code or 0)
     try:
         return COMMANDS[args.command](args)
-    except SpecError as e:
-        return _fail(str(e))
     except BrokenPipeError:  # e.g. `phasesweep query ... | head`
         sys.stderr.close()
         return EXIT_OK
+    except KeyboardInterrupt:
+        _traceback(args)
+        print("phasesweep: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        _traceback(args)
+        if isinstance(e, _user_errors()):
+            return _fail(str(e))
+        print(
+            f"phasesweep: unexpected error: {type(e).__name__}: {_paragraph(e)}"
+            + ("" if args.debug else " (rerun with --debug for the traceback)"),
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors in what the user gave (exit 2): spec, arguments, store, sweep name, SQL."""
+    from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage import ReadOnlyQueryError
+
+    from phasesweep._api import StoreError, UnknownSweepError
+
+    return (SpecError, StoreError, UnknownSweepError, ReadOnlyQueryError, _SqlError)
+
+
+def _traceback(args: argparse.Namespace) -> None:
+    if args.debug:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

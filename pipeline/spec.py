@@ -101,29 +101,38 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     """A fully connected net. ``depth`` counts weight matrices (depth 2 = one hidden layer)."""
 
-    depth: PositiveInt = 2
-    width: PositiveInt = 256
-    activation: Activation = "relu"
-    leaky_slope: NonNegativeFloat = 0.01
-    bias: bool = False
-    parameterization: Parameterization = "ntk"
-    #: Multiplies the standard deviation of every layer's initial weights.
-    init_scale: PositiveFloat = 1.0
-    #: gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly
-    #: balanced layers; balanced_full: exactly balanced with the largest rank the layer
-    #: shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored
-    #: halves so the output is exactly 0 at init.
-    #: file: the researcher's own weights from ``init_path`` (see below).
+    depth: PositiveInt = Field(
+        2, description="Number of weight matrices (depth 2 = one hidden layer)."
+    )
+    width: PositiveInt = Field(256, description="Units per hidden layer.")
+    activation: Activation = Field(
+        "relu", description="Nonlinearity of the hidden layers (none on the output layer)."
+    )
+    leaky_slope: NonNegativeFloat = Field(
+        0.01, description="Slope of leaky_relu for negative inputs (leaky_relu only)."
+    )
+    bias: bool = Field(False, description="Whether layers have biases (they start at zero).")
+    parameterization: Parameterization = Field(
+        "ntk",
+        description="Init std and forward multiplier of layer l, fan-in n: standard (std g/√n, multiplier 1), ntk (std g, multiplier 1/√n), mean_field (std g, 1/√n, last layer 1/n); g = init_scale.",
+    )
+    init_scale: PositiveFloat = Field(
+        1.0, description="Multiplies the standard deviation of every layer's initial weights."
+    )
     init: Literal[
         "gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric", "file"
-    ] = "gaussian"
-    #: init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL``
-    #: (fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member
-    #: with that ``train.seed`` (before the shared one). The weights are multiplied by
-    #: ``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given.
-    init_path: str | None = None
-    #: init file: SHA-256 of its bytes, filled in on load (run ids follow the contents).
-    init_sha256: str | None = None
+    ] = Field(
+        "gaussian",
+        description="gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly balanced layers; balanced_full: exactly balanced with the largest rank the layer shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored halves so the output is exactly 0 at init. file: the researcher's own weights from ``init_path`` (see below).",
+    )
+    init_path: str | None = Field(
+        None,
+        description="init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL`` (fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member with that ``train.seed`` (before the shared one). The weights are multiplied by ``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given.",
+    )
+    init_sha256: str | None = Field(
+        None,
+        description="init file: SHA-256 of its bytes, filled in on load (run ids follow the contents).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -148,12 +157,14 @@ class ModelConfig(_Section):
             raise ValueError(f"init_sha256 does not match the files of {path}")
         return {**raw, "init_sha256": sha}
 
-    #: What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times
-    #: init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius``
-    #: (every layer is rescaled to ||W_l(0)||_F = init_scale).
-    init_norm: Literal["fan_in", "entry_std", "frobenius"] = "fan_in"
-    #: Extra per-layer multipliers of the init (unbalanced init); length ``depth``.
-    layer_scales: list[PositiveFloat] | None = None
+    init_norm: Literal["fan_in", "entry_std", "frobenius"] = Field(
+        "fan_in",
+        description="What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius`` (every layer is rescaled to ||W_l(0)||_F = init_scale).",
+    )
+    layer_scales: list[PositiveFloat] | None = Field(
+        None,
+        description="Extra per-layer multipliers of the init (unbalanced init); length ``depth``.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -169,53 +180,77 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     """Training and test data. Inputs have ``input_dim`` features, labels ``output_dim``."""
 
-    kind: DataKind = "teacher"
-    n_train: PositiveInt = 64
-    n_test: PositiveInt = 256
-    input_dim: PositiveInt = 10
-    output_dim: PositiveInt = 1
-    #: subspace data: dimension of the data subspace.
-    subspace_dim: PositiveInt = 2
-    #: subspace data: std of the noise in the codimension (or everywhere, see ``noise``);
-    #: xor data: std of the isotropic cluster noise around the four points.
-    noise_sigma: NonNegativeFloat = 0.0
-    noise: Literal["codim", "isotropic"] = "codim"
-    #: subspace data: rotate the subspace randomly (False: the first coordinates).
-    rotate: bool = True
-    #: teacher net of the labels (teacher, subspace and symmetric data; symmetric data
-    #: use its odd part, and default to tanh).
-    teacher_width: PositiveInt = 4
-    teacher_activation: Literal["linear", "relu", "tanh"] | None = None
-    #: linear teacher with these singular values (descending), e.g. for plateau calibration.
-    teacher_singular_values: list[PositiveFloat] | None = None
-    #: symmetric-type data: make the empirical input covariance (1/n) sum x x^T of the
-    #: training set exactly the identity (the test set gets the same map).
-    whiten: bool = False
-    #: perturbed_symmetric: the last training point -x moves to -x + delta ||x|| u, u a unit
-    #: vector orthogonal to x (layout paper: [1, 0] -> [1, delta]).
-    delta: NonNegativeFloat = 0.0
-    #: std of Gaussian noise added to the training labels; ``label_noise_symmetric`` adds
-    #: (+eps, -eps) to each (x, -x) pair, so odd labels stay odd.
-    label_noise: NonNegativeFloat = 0.0
-    label_noise_symmetric: bool = False
-    #: digits: which classes to keep (None: all ten). Two classes give ±1 labels
-    #: (output_dim 1), more give one-hot labels (output_dim = number of classes).
-    classes: list[NonNegativeInt] | None = None
-    #: orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact
-    #: points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d,
-    #: xor padded with zeros to input_dim). n_train may be any multiple of that count:
-    #: the copies leave the loss (a mean over points) and so the training unchanged, and
-    #: let one grid run several of these kinds with the same n_train.
-    layout: Literal["random", "paper"] = "random"
-    #: data seed; None derives it from ``train.seed``.
-    seed: NonNegativeInt | None = None
-    #: arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or
-    #: NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim
-    #: with a ``subspace_basis``) come from the arrays; values given must match.
-    path: str | None = None
-    #: arrays: SHA-256 of the data files, filled in on load (so the run ids follow the
-    #: contents, not only the path); a value given must match the files.
-    arrays_sha256: str | None = None
+    kind: DataKind = Field(
+        "teacher",
+        description="teacher: Gaussian inputs, labels from a random teacher net; subspace: inputs on a random subspace_dim-dimensional subspace plus noise_sigma in the codimension; symmetric: (x, -x) pairs with odd labels; perturbed_symmetric: symmetric with one point moved by delta; orthogonal: orthogonal inputs with ±1 labels; xor: four clusters with XOR labels; digits: scikit-learn's 8x8 digits.",
+    )
+    n_train: PositiveInt = Field(64, description="Training points (the loss is a mean over them).")
+    n_test: PositiveInt = Field(
+        256, description="Test points (the probe set is the first metrics.probe_size of them)."
+    )
+    input_dim: PositiveInt = Field(10, description="Input features.")
+    output_dim: PositiveInt = Field(1, description="Outputs of the net (label dimension).")
+    subspace_dim: PositiveInt = Field(
+        2, description="subspace data: dimension of the data subspace."
+    )
+    noise_sigma: NonNegativeFloat = Field(
+        0.0,
+        description="subspace data: std of the noise in the codimension (or everywhere, see ``noise``); xor data: std of the isotropic cluster noise around the four points.",
+    )
+    noise: Literal["codim", "isotropic"] = Field(
+        "codim",
+        description="subspace data: codim adds noise_sigma only in the codimension, isotropic in every direction.",
+    )
+    rotate: bool = Field(
+        True,
+        description="subspace data: rotate the subspace randomly (False: the first coordinates).",
+    )
+    teacher_width: PositiveInt = Field(
+        4,
+        description="teacher net of the labels (teacher, subspace and symmetric data; symmetric data use its odd part, and default to tanh).",
+    )
+    teacher_activation: Literal["linear", "relu", "tanh"] | None = Field(
+        None,
+        description="Activation of the teacher net; None: relu for teacher data, tanh for subspace and symmetric data.",
+    )
+    teacher_singular_values: list[PositiveFloat] | None = Field(
+        None,
+        description="linear teacher with these singular values (descending), e.g. for plateau calibration.",
+    )
+    whiten: bool = Field(
+        False,
+        description="symmetric-type data: make the empirical input covariance (1/n) sum x x^T of the training set exactly the identity (the test set gets the same map).",
+    )
+    delta: NonNegativeFloat = Field(
+        0.0,
+        description="perturbed_symmetric: the last training point -x moves to -x + delta ||x|| u, u a unit vector orthogonal to x (layout paper: [1, 0] -> [1, delta]).",
+    )
+    label_noise: NonNegativeFloat = Field(
+        0.0,
+        description="std of Gaussian noise added to the training labels; ``label_noise_symmetric`` adds (+eps, -eps) to each (x, -x) pair, so odd labels stay odd.",
+    )
+    label_noise_symmetric: bool = Field(
+        False, description="Add label noise as (+eps, -eps) to each (x, -x) pair (see label_noise)."
+    )
+    classes: list[NonNegativeInt] | None = Field(
+        None,
+        description="digits: which classes to keep (None: all ten). Two classes give ±1 labels (output_dim 1), more give one-hot labels (output_dim = number of classes).",
+    )
+    layout: Literal["random", "paper"] = Field(
+        "random",
+        description="orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d, xor padded with zeros to input_dim). n_train may be any multiple of that count: the copies leave the loss (a mean over points) and so the training unchanged, and let one grid run several of these kinds with the same n_train.",
+    )
+    seed: NonNegativeInt | None = Field(
+        None, description="data seed; None derives it from ``train.seed``."
+    )
+    path: str | None = Field(
+        None,
+        description="arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim with a ``subspace_basis``) come from the arrays; values given must match.",
+    )
+    arrays_sha256: str | None = Field(
+        None,
+        description="arrays: SHA-256 of the data files, filled in on load (so the run ids follow the contents, not only the path); a value given must match the files.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -336,37 +371,86 @@ class LrScaling(_Section):
     inits keep the lr that is stable once they have escaped the origin.
     """
 
-    init_scale_power: float = 0.0
-    #: added to ``init_scale_power`` once per hidden layer: the exponent of the
-    #: init_scale factor is ``init_scale_power + init_scale_depth_power * (depth - 1)``
-    #: (-2 with floor 1: lr ∝ 1/init_scale^(2(depth-1)), the growth of the NTK).
-    init_scale_depth_power: float = 0.0
-    init_scale_floor: NonNegativeFloat = 0.0
-    width_power: float = 0.0
+    init_scale_power: float = Field(
+        0.0,
+        description="Exponent of the init_scale factor (see the rule above).",
+    )
+    init_scale_depth_power: float = Field(
+        0.0,
+        description=(
+            "added to ``init_scale_power`` once per hidden layer: the exponent of the init_scale "
+            "factor is ``init_scale_power + init_scale_depth_power * (depth - 1)`` (-2 with floor "
+            "1: lr ∝ 1/init_scale^(2(depth-1)), the growth of the NTK)."
+        ),
+    )
+    init_scale_floor: NonNegativeFloat = Field(
+        0.0,
+        description="init_scale below this counts as the floor in the rule.",
+    )
+    width_power: float = Field(0.0, description="Exponent of the width factor.")
 
 
 class TrainConfig(_Section):
-    optimizer: Literal["gd", "sgd"] = "gd"
-    batch_size: PositiveInt | None = None
-    lr: PositiveFloat = 0.05
-    #: constant; cosine (from lr to lr*lr_min_frac); norm_adaptive:
-    #: eta = min(lr, lr_c * ||theta||^(2 - depth)). Time is always t = sum eta_k.
-    lr_schedule: Literal["constant", "cosine", "norm_adaptive"] = "constant"
-    lr_min_frac: NonNegativeFloat = 0.0
-    lr_c: PositiveFloat = 1.0
-    #: norm_adaptive: the norm in the rule: ``total`` ||theta||, or ``layer_rms``
-    #: ||theta||/sqrt(depth), the size of one layer of a balanced net. The Hessian of a
-    #: depth-L homogeneous net with layers of size r scales like r^(L-2), so with
-    #: ``layer_rms`` one lr_c is equally stable at every depth.
-    lr_norm: Literal["total", "layer_rms"] = "total"
-    lr_scaling: LrScaling = LrScaling()
-    steps: PositiveInt = 5000
-    log_points: Annotated[int, Field(ge=2)] = 100
-    seed: NonNegativeInt = 0
-    #: a member whose loss exceeds this factor times its initial loss is diverged.
-    divergence_factor: Annotated[float, Field(gt=1)] = 1e6
-    dtype: Literal["float64", "float32"] = "float64"
-    allow_tf32: bool = False
+    """Optimizer, learning rate and its schedule, steps and logging of one training."""
+
+    optimizer: Literal["gd", "sgd"] = Field(
+        "gd",
+        description="gd: full-batch gradient descent; sgd: minibatches of batch_size.",
+    )
+    batch_size: PositiveInt | None = Field(
+        None,
+        description="Minibatch size (sgd only; required there).",
+    )
+    lr: PositiveFloat = Field(
+        0.05,
+        description="Learning rate (before lr_scaling and the schedule).",
+    )
+    lr_schedule: Literal["constant", "cosine", "norm_adaptive"] = Field(
+        "constant",
+        description=(
+            "constant; cosine (from lr to lr*lr_min_frac); norm_adaptive: eta = min(lr, lr_c * "
+            "||theta||^(2 - depth)). Time is always t = sum eta_k."
+        ),
+    )
+    lr_min_frac: NonNegativeFloat = Field(
+        0.0,
+        description="cosine: the final lr as a fraction of lr.",
+    )
+    lr_c: PositiveFloat = Field(1.0, description="norm_adaptive: the constant lr_c of the rule.")
+    lr_norm: Literal["total", "layer_rms"] = Field(
+        "total",
+        description=(
+            "norm_adaptive: the norm in the rule: ``total`` ||theta||, or ``layer_rms`` "
+            "||theta||/sqrt(depth), the size of one layer of a balanced net. The Hessian of a "
+            "depth-L homogeneous net with layers of size r scales like r^(L-2), so with "
+            "``layer_rms`` one lr_c is equally stable at every depth."
+        ),
+    )
+    lr_scaling: LrScaling = Field(
+        LrScaling(),
+        description="A rule that scales lr with init_scale, depth and width.",
+    )
+    steps: PositiveInt = Field(5000, description="Gradient steps.")
+    log_points: Annotated[int, Field(ge=2)] = Field(
+        100,
+        description="About this many log-spaced logged steps (step 0 and the last included).",
+    )
+    seed: NonNegativeInt = Field(
+        0,
+        description="Seed of the init (and of the data unless data.seed is set).",
+    )
+    divergence_factor: Annotated[float, Field(gt=1)] = Field(
+        1e6,
+        description="a member whose loss exceeds this factor times its initial loss is diverged.",
+    )
+    dtype: Literal["float64", "float32"] = Field(
+        "float64",
+        description="Floating-point type of training.",
+    )
+    allow_tf32: bool = Field(
+        False,
+        description="On GPU, allow TF32 matmuls (off: full float32 precision).",
+    )
 
     @model_validator(mode="after")
     def _batch_size_for_sgd(self) -> TrainConfig:
@@ -378,114 +462,167 @@ class TrainConfig(_Section):
 class MetricsConfig(_Section):
     """Metrics recorded at logged steps; kernels and spectra on a fixed probe set."""
 
-    #: probe inputs for the NTK, activation flips and output norms (first test points).
-    probe_size: Annotated[int, Field(ge=1, le=512)] = 64
-    ntk: bool = True
-    top_k: Annotated[int, Field(ge=1, le=64)] = 5
-    transversal: bool = True
-    #: per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.
-    spectra: bool = True
-    #: the kernel predictor (lin_test_loss, lin_distance): the linearized model at init
-    #: trained by gradient flow to each logged time; needs ``ntk``, one output and
-    #: n_train <= 512 (the train kernel's eigendecomposition, once per chunk).
-    linearized: bool = True
-    #: even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).
-    even_part: bool | None = None
-    #: most work of the singular values and the NTK eigenvalues as a fraction of the
-    #: training's (both estimated from the shapes): above it they are computed at a
-    #: log-spaced subset of the logged steps (the first and last always) and are NULL at
-    #: the others; None: every logged step.
-    spectra_budget: PositiveFloat | None = 0.1
+    probe_size: Annotated[int, Field(ge=1, le=512)] = Field(
+        64,
+        description="probe inputs for the NTK, activation flips and output norms (first test points).",
+    )
+    ntk: bool = Field(
+        True,
+        description="Record the empirical NTK metrics (kernel_distance, kernel_alignment, kernel_rel_change, ntk_eig_min/max).",
+    )
+    top_k: Annotated[int, Field(ge=1, le=64)] = Field(
+        5, description="Singular values kept per layer (top_sv, delta_top_sv)."
+    )
+    transversal: bool = Field(True, description="Record transversal_grad_sq (subspace data only).")
+    spectra: bool = Field(
+        True,
+        description="per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.",
+    )
+    linearized: bool = Field(
+        True,
+        description="the kernel predictor (lin_test_loss, lin_distance): the linearized model at init trained by gradient flow to each logged time; needs ``ntk``, one output and n_train <= 512 (the train kernel's eigendecomposition, once per chunk).",
+    )
+    even_part: bool | None = Field(
+        None,
+        description="even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).",
+    )
+    spectra_budget: PositiveFloat | None = Field(
+        0.1,
+        description="most work of the singular values and the NTK eigenvalues as a fraction of the training's (both estimated from the shapes): above it they are computed at a log-spaced subset of the logged steps (the first and last always) and are NULL at the others; None: every logged step.",
+    )
 
 
 class AnalysisConfig(_Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
-    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = (
-        "kernel_distance"
+    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = Field(
+        "kernel_distance",
+        description="Final value of this trajectories column decides lazy vs rich.",
     )
-    #: gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of
-    #: the regime rule are read (interpolated linearly in log t between the two logged
-    #: points around it; NULL for a run that stopped before t). None: each run's last
-    #: logged point. Runs compare at equal t only with this set or with equal t at the end.
-    at_time: PositiveFloat | None = None
-    #: runs with the order parameter below this are lazy, above it rich.
-    lazy_threshold: PositiveFloat = 0.1
-    #: threshold for the other order parameter, used when ``order_parameter`` is NULL
-    #: for a run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``.
-    fallback_lazy_threshold: PositiveFloat | None = None
-    #: a run whose final train loss is above this fraction of its initial loss is not_converged.
-    converged_loss_frac: PositiveFloat = 0.1
-    escape_eps: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = [0.1, 0.9]
-    #: a run escapes only if its loss fell by at least this fraction of L0 overall;
-    #: below it (a run stuck at a saddle) the escape time is NULL.
-    escape_min_drop: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    #: plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must
-    #: exceed the rate on the plateau by this factor (linear dynamics never accelerate).
-    plateau_contrast: Annotated[float, Field(gt=1)] = 3.0
-    #: plateaus: the drop that ends a plateau lowers the loss by at least this fraction.
-    plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = 0.1
-    #: plateaus: a plateau lasts at least this fraction of the steep part of its drop.
-    plateau_min_duration_ratio: NonNegativeFloat = 0.2
-    #: plateaus: losses below this fraction of L0 are clipped (round-off floor).
-    plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = 1e-12
-    #: scaling fits: the fitted init scales must span at least this many decades.
-    fit_min_decades: PositiveFloat = 2.0
-    #: scaling fits: regimes of the runs whose escape times are fitted.
-    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = [
-        "lazy",
-        "rich",
-        "not_converged",
-    ]
-    #: scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle.
-    fit_require_plateau: bool = True
-    #: scaling fits: only runs with init_scale at most this (None: all).
-    fit_init_scale_max: PositiveFloat | None = None
-    #: scaling fits: confidence level of the intervals.
-    fit_confidence: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    at_time: PositiveFloat | None = Field(
+        None,
+        description="gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of the regime rule are read (interpolated linearly in log t between the two logged points around it; NULL for a run that stopped before t). None: each run's last logged point. Runs compare at equal t only with this set or with equal t at the end.",
+    )
+    lazy_threshold: PositiveFloat = Field(
+        0.1, description="runs with the order parameter below this are lazy, above it rich."
+    )
+    fallback_lazy_threshold: PositiveFloat | None = Field(
+        None,
+        description="threshold for the other order parameter, used when ``order_parameter`` is NULL for a run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``.",
+    )
+    converged_loss_frac: PositiveFloat = Field(
+        0.1,
+        description="a run whose final train loss is above this fraction of its initial loss is not_converged.",
+    )
+    escape_eps: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.5,
+        description="escape_time is when the loss falls for good below L0 - escape_eps * (L0 - L_end): this fraction of the run's own loss range.",
+    )
+    extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        [0.1, 0.9], description="More eps whose escape times go to summaries.extra_escape_times."
+    )
+    escape_min_drop: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.05,
+        description="a run escapes only if its loss fell by at least this fraction of L0 overall; below it (a run stuck at a saddle) the escape time is NULL.",
+    )
+    plateau_contrast: Annotated[float, Field(gt=1)] = Field(
+        3.0,
+        description="plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must exceed the rate on the plateau by this factor (linear dynamics never accelerate).",
+    )
+    plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.1,
+        description="plateaus: the drop that ends a plateau lowers the loss by at least this fraction.",
+    )
+    plateau_min_duration_ratio: NonNegativeFloat = Field(
+        0.2,
+        description="plateaus: a plateau lasts at least this fraction of the steep part of its drop.",
+    )
+    plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = Field(
+        1e-12,
+        description="plateaus: losses below this fraction of L0 are clipped (round-off floor).",
+    )
+    fit_min_decades: PositiveFloat = Field(
+        2.0,
+        description="scaling fits: the fitted init scales must span at least this many decades.",
+    )
+    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = Field(
+        [
+            "lazy",
+            "rich",
+            "not_converged",
+        ],
+        description="scaling fits: regimes of the runs whose escape times are fitted.",
+    )
+    fit_require_plateau: bool = Field(
+        True,
+        description="scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle.",
+    )
+    fit_init_scale_max: PositiveFloat | None = Field(
+        None, description="scaling fits: only runs with init_scale at most this (None: all)."
+    )
+    fit_confidence: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.95, description="scaling fits: confidence level of the intervals."
+    )
 
 
 class PlotSpec(_Section):
     """One figure of ``phasesweep plot``; unset fields are chosen from the swept axes."""
 
-    #: a figure kind registered in ``analysis.figures`` (phase_diagram, escape_time,
-    #: loss_curves, singular_values, transversal, ...); checked against the registry when
-    #: the figures are drawn (``analysis.plotting.check_plots`` checks it before a launch).
-    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
-    x: str | None = None
-    y: str | None = None
-    value: str | None = None
-    hue: str | None = None
-    #: one panel per value of this runs column.
-    facet: str | None = None
-    #: SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``.
-    where: str | None = None
-    #: file name stem (NAME.png, NAME.svg); default: derived from kind and axes.
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = None
-    title: str | None = None
+    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
+        description="a figure kind registered in ``analysis.figures`` (phase_diagram, "
+        "escape_time, loss_curves, singular_values, transversal, ...); checked against the "
+        "registry before a launch and when the figures are drawn."
+    )
+    x: str | None = Field(
+        None, description="runs column on the x axis (default: from the swept axes)."
+    )
+    y: str | None = Field(None, description="runs column on the y axis (phase_diagram).")
+    value: str | None = Field(
+        None,
+        description="phase_diagram: the cell value, e.g. kernel_distance, param_rel_change, escape_time, loss_ratio.",
+    )
+    hue: str | None = Field(None, description="runs column that colours the curves.")
+    facet: str | None = Field(None, description="one panel per value of this runs column.")
+    where: str | None = Field(
+        None,
+        description="SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``.",
+    )
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = Field(
+        None,
+        description="file name stem (NAME.png, NAME.svg); default: derived from kind and axes.",
+    )
+    title: str | None = Field(
+        None, description="Figure title (default: derived from kind and axes)."
+    )
 
 
 class ExecutionConfig(_Section):
-    #: most members in one chunk (one Ray trial); the memory budget may make it smaller.
-    max_chunk_size: PositiveInt = 1024
-    #: most grid points (the product of the axis sizes, checked before the grid is
-    #: expanded): a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once.
-    max_points: PositiveInt = 10**7
-    #: memory a chunk may use for parameters, gradients and activations, MiB.
-    memory_budget_mb: PositiveInt = 1024
-    #: seconds of training between checkpoints of a running chunk in the store: a kill
-    #: or Ctrl-C loses at most this much of its training (the next launch resumes).
-    commit_every_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 300.0
+    """How grid points are packed into chunks: one chunk is one Ray trial, one ensemble."""
+
+    max_chunk_size: PositiveInt = Field(
+        1024,
+        description="most members in one chunk (one Ray trial); the memory budget may make it smaller.",
+    )
+    max_points: PositiveInt = Field(
+        10**7,
+        description="most grid points (the product of the axis sizes, checked before the grid is expanded): a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once.",
+    )
+    memory_budget_mb: PositiveInt = Field(
+        1024, description="memory a chunk may use for parameters, gradients and activations, MiB."
+    )
+    commit_every_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        300.0,
+        description="seconds of training between checkpoints of a running chunk in the store: a kill or Ctrl-C loses at most this much of its training (the next launch resumes).",
+    )
 
 
 class RunConfig(_Section):
     """The resolved config of one grid point: everything that determines its training."""
 
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    train: TrainConfig = TrainConfig()
-    metrics: MetricsConfig = MetricsConfig()
+    model: ModelConfig = Field(ModelConfig(), description="The net.")
+    data: DataConfig = Field(DataConfig(), description="The data.")
+    train: TrainConfig = Field(TrainConfig(), description="The optimizer and its schedule.")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="What is recorded at logged steps.")
 
 
 #: Short grid names and the dotted paths they stand for.
@@ -503,19 +640,34 @@ SHORT_NAMES: dict[str, str] = {
 
 
 class SweepSpec(_Section):
-    name: str
-    description: str = ""
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    train: TrainConfig = TrainConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    analysis: AnalysisConfig = AnalysisConfig()
-    plots: list[PlotSpec] | None = None
-    execution: ExecutionConfig = ExecutionConfig()
-    #: the sweep this one refines (set by ``phasesweep refine``); None for a launched sweep.
-    parent: str | None = None
-    #: axis (short name or dotted path into model/data/train/metrics) -> values.
-    grid: dict[str, Any] = {}
+    """A sweep: a base config (model, data, train, metrics) and a ``grid`` of axes over it,
+    with the analysis thresholds, figures and chunking that go with it."""
+
+    name: str = Field(description="The sweep's name: [a-z0-9_-]+, its partition key in the store.")
+    description: str = Field("", description="Free text, shown in the report.")
+    model: ModelConfig = Field(
+        ModelConfig(), description="Base config of the net (grid axes override it per point)."
+    )
+    data: DataConfig = Field(DataConfig(), description="Base config of the data.")
+    train: TrainConfig = Field(TrainConfig(), description="Base config of training.")
+    metrics: MetricsConfig = Field(MetricsConfig(), description="What is recorded at logged steps.")
+    analysis: AnalysisConfig = Field(
+        AnalysisConfig(), description="Thresholds of `phasesweep analyze`."
+    )
+    plots: list[PlotSpec] | None = Field(
+        None,
+        description="Figures of `phasesweep plot` and the report; None: chosen from the swept axes.",
+    )
+    execution: ExecutionConfig = Field(
+        ExecutionConfig(), description="How points are packed into chunks (Ray trials)."
+    )
+    parent: str | None = Field(
+        None,
+        description="the sweep this one refines (set by ``phasesweep refine``); None for a launched sweep.",
+    )
+    grid: dict[str, Any] = Field(
+        {}, description="axis (short name or dotted path into model/data/train/metrics) -> values."
+    )
 
     @field_validator("name")
     @classmethod

@@ -7,7 +7,11 @@ See DESIGN.md ("The data path", "Store tables") and ``storage.schema``.
 from phasesweep.storage import schema
 from phasesweep.storage.catalog import open_catalog
 from phasesweep.storage.maintenance import compact, verify
-from phasesweep.storage.query import ReadOnlyQueryError, run_query
+from phasesweep.storage.query import (
+    ReadOnlyQueryError,
+    query_table,
+    run_query,
+)
 from phasesweep.storage.store import DamagedFileWarning, Store, resolve_store_uri
 from phasesweep.storage.writer import UnsafePathError, safe_output_path
 
@@ -18,6 +22,7 @@ __all__ = [
     "UnsafePathError",
     "compact",
     "open_catalog",
+    "query_table",
     "resolve_store_uri",
     "run_query",
     "safe_output_path",

@@ -41,24 +41,22 @@ _TABLES = {
 }
 _SWEEP = pa.field("sweep", pa.string())
 
-_VIEWS = """
-CREATE VIEW runs AS
-SELECT sweep, * EXCLUDE (sweep) FROM _raw_runs
+#: The SQL of each view over ``_raw`` (the table's rows, ``sweep`` included), in order.
+_VIEWS = {
+    "runs": """
+SELECT sweep, * EXCLUDE (sweep) FROM _raw
 QUALIFY row_number() OVER (
     PARTITION BY sweep, run_id
     ORDER BY status IS NOT DISTINCT FROM 'failed', finished_at NULLS LAST, attempt
-) = 1;
-CREATE VIEW trajectories AS
-SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw_trajectories AS t
-SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt;
-CREATE VIEW layers AS
-SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw_layers AS t
-SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt;
-CREATE VIEW summaries AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_summaries;
-CREATE VIEW plateaus AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_plateaus;
-CREATE VIEW scaling_fits AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_scaling_fits;
-CREATE VIEW boundaries AS SELECT sweep, * EXCLUDE (sweep) FROM _raw_boundaries;
-"""
+) = 1""",
+    **{
+        table: """
+SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw AS t
+SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt"""
+        for table in ("trajectories", "layers")
+    },
+    **{table: "SELECT sweep, * EXCLUDE (sweep) FROM _raw" for table in schema.ANALYSIS_TABLES},
+}
 
 
 #: DuckDB settings of a locked connection: no file, network or extension access by
@@ -121,25 +119,25 @@ def create_views(
     via_arrow: bool,
     files: dict[str, list[str]] | None = None,
 ) -> None:
-    """Create the catalog views on ``con``.
+    """Create the catalog views on ``con``; they are the only names it lists (``SHOW TABLES``).
 
     ``via_arrow=False``: read Parquet with DuckDB's ``read_parquet`` (needs DuckDB
     file access). ``via_arrow=True``: scan ``pyarrow.dataset`` objects registered
     on the connection, which keeps working after DuckDB's own file access is
     switched off (locked connections, ``run_query``). ``files``: the files per
     table to read (a table left out reads as empty); default ``snapshot(store)``.
+    The raw rows enter each view as a relation (``_raw`` inside its SQL), not as a
+    named object, so no internal name shows up beside the views.
     """
     files = snapshot(store) if files is None else files
     for table, table_schema in _TABLES.items():
         target = table_schema.append(_SWEEP)
-        raw = f"_raw_{table}"
         paths = files.get(table, [])
-        con.register(f"_empty_{table}", target.empty_table())
+        empty = con.from_arrow(target.empty_table())
         if not paths:
-            con.execute(f"CREATE VIEW {raw} AS FROM _empty_{table}")
+            raw = empty
         elif via_arrow:
-            con.register(
-                raw,
+            raw = con.from_arrow(
                 ds.dataset(
                     paths,
                     schema=target,
@@ -147,18 +145,19 @@ def create_views(
                     filesystem=store.arrow_fs,
                     partitioning=ds.HivePartitioning(pa.schema([_SWEEP])),
                     partition_base_dir=store.table_dir(table),
-                ),
+                )
             )
         else:
             urls = ", ".join(_sql_string(store.url(p)) for p in paths)
             # The empty typed table adds schema columns that older files lack, as NULL.
-            con.execute(
-                f"CREATE VIEW {raw} AS FROM read_parquet([{urls}], hive_partitioning = true, "
+            raw = empty.query(
+                "_empty",
+                f"FROM read_parquet([{urls}], hive_partitioning = true, "
                 f"union_by_name = true, hive_types = {{'sweep': VARCHAR}}) "
-                f"UNION ALL BY NAME FROM _empty_{table}"
+                f"UNION ALL BY NAME FROM _empty",
             )
-    con.register("manifest", manifest_table(store.manifest()))
-    con.execute(_VIEWS)
+        raw.query("_raw", _VIEWS[table]).create_view(table)
+    con.from_arrow(manifest_table(store.manifest())).create_view("manifest")
 
 
 def _sql_string(text: str) -> str:

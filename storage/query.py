@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 from phasesweep.storage.catalog import LOCKED, SNAPSHOT_TRIES, create_views, snapshot
 from phasesweep.storage.store import Store, as_store
 
@@ -17,8 +18,16 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
     """Run one read-only SQL statement over the catalog views: ``(column_names, rows)``.
 
     ``rows`` is a list of tuples of Python values (``None`` for NULL, ``float``,
-    ``int``, ``str``, lists, tz-aware ``datetime``), converted through Arrow (DuckDB's own ``fetchall``
-    needs pytz for ``TIMESTAMP WITH TIME ZONE`` columns such as ``finished_at``).
+    ``int``, ``str``, lists, tz-aware ``datetime``), converted through Arrow (DuckDB's own
+    ``fetchall`` needs pytz for ``TIMESTAMP WITH TIME ZONE`` columns such as ``finished_at``).
+    See :func:`query_table` for what is accepted and how it is confined.
+    """
+    table = query_table(store_or_uri, sql)
+    return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
+
+
+def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
+    """Run one read-only SQL statement over the catalog views; the result as an Arrow table.
 
     Accepted: a single SELECT-like statement (``SELECT``, ``WITH``, ``FROM``,
     ``VALUES``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``) or ``EXPLAIN`` of one
@@ -27,12 +36,11 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
     naming the statement; so does an accepted statement that tries to touch
     files (e.g. ``read_csv``). SQL errors are raised as ``duckdb.Error``.
 
-    Beyond the statement check, the query runs on a fresh in-memory connection
-    whose views scan Arrow datasets registered from Python, with DuckDB's own
-    file and extension access switched off and its configuration locked: the
-    query cannot reach any file, so it cannot change the store. The whole result
-    is materialised in memory: add a LIMIT for large outputs. A query that fails
-    because a file went away meanwhile (a compaction) runs again on new lists.
+    Beyond the statement check, the query runs on a locked catalog connection
+    (``open_catalog``'s default): it cannot reach any file, so it cannot change the
+    store. The whole result is materialised in memory: add a LIMIT for large
+    outputs. A query that fails because a file went away meanwhile (a compaction)
+    runs again on new lists.
     """
     statement = _read_only_statement(sql)
     store = as_store(store_or_uri)
@@ -41,8 +49,7 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
         con = duckdb.connect(config=LOCKED)
         try:
             create_views(con, store, via_arrow=True, files=files)
-            table = con.sql(statement).to_arrow_table()
-            break
+            return con.sql(statement).to_arrow_table()
         except duckdb.PermissionException as e:
             raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
         except (duckdb.Error, OSError):
@@ -51,7 +58,7 @@ def run_query(store_or_uri: Store | str | None, sql: str) -> tuple[list[str], li
                 raise
         finally:
             con.close()
-    return table.column_names, list(zip(*(column.to_pylist() for column in table.columns)))
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _read_only_statement(sql: str) -> str:

@@ -12,6 +12,8 @@ Columns that do not apply to a run are NULL, never a made-up number.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pyarrow as pa
 
 F64 = pa.float64()
@@ -235,4 +237,286 @@ ANALYSIS_TABLES: dict[str, pa.Schema] = {
     "plateaus": PLATEAUS,
     "scaling_fits": SCALING_FITS,
     "boundaries": BOUNDARIES,
+}
+
+
+class ColumnDoc(NamedTuple):
+    """What a store column means, its unit, and when it is NULL (docs/reference/store.md)."""
+
+    meaning: str
+    unit: str = ""
+    null: str = "never"
+
+
+_T = "gradient-flow time t = Σ_k lr_k (lr after schedules and lr_scaling)"
+_LOSS = "loss L = 1/(2n) Σ_i ‖f(x_i) − y_i‖²"
+_FAILED = "failed runs"
+_SPECTRA = (
+    "metrics.spectra false, or at logged steps metrics.spectra_budget leaves out, or failed runs"
+)
+_KEY = {
+    "sweep": ColumnDoc("sweep name (the partition directory sweep=NAME)"),
+    "run_id": ColumnDoc(
+        "deterministic id of the grid point: hash of sweep name and resolved config"
+    ),
+    "attempt": ColumnDoc("id of the chunk attempt that wrote the row (debugging)"),
+}
+
+#: Every column of every catalog view: table -> column -> :class:`ColumnDoc`.
+COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
+    "runs": {
+        **_KEY,
+        "chunk_id": ColumnDoc("id of the chunk (ensemble) the run trained in"),
+        "status": ColumnDoc(
+            "'completed' | 'diverged' (loss above train.divergence_factor × L0 or not finite) "
+            "| 'failed' (its trial failed after all retries; a relaunch trains it again)"
+        ),
+        "init_scale": ColumnDoc("model.init_scale: multiplier of every layer's initial weights"),
+        "width": ColumnDoc("model.width: units per hidden layer"),
+        "depth": ColumnDoc("model.depth: number of weight matrices (2 = one hidden layer)"),
+        "noise_sigma": ColumnDoc("data.noise_sigma", "input units"),
+        "lr": ColumnDoc("train.lr as given (before lr_scaling and schedules)"),
+        "seed": ColumnDoc("train.seed"),
+        "activation": ColumnDoc("model.activation"),
+        "bias": ColumnDoc("model.bias"),
+        "parameterization": ColumnDoc("model.parameterization"),
+        "data_kind": ColumnDoc("data.kind"),
+        "steps": ColumnDoc("train.steps: steps asked for", "steps"),
+        "config": ColumnDoc("the run's resolved config (model, data, train, metrics) as JSON"),
+        "final_train_loss": ColumnDoc(
+            "train loss at the last step", _LOSS, "diverged and failed runs"
+        ),
+        "final_test_loss": ColumnDoc(
+            "test loss at the last step", _LOSS, "diverged and failed runs"
+        ),
+        "wall_seconds": ColumnDoc(
+            "chunk wall time / chunk size (members train together)", "seconds", _FAILED
+        ),
+        "device": ColumnDoc("'cpu' or the GPU's name", "", _FAILED),
+        "finished_at": ColumnDoc("when the chunk finished", "UTC timestamp"),
+        "input_dim": ColumnDoc("data.input_dim: input features", "", _FAILED),
+        "n_train": ColumnDoc("data.n_train: training points"),
+        "leaky_slope": ColumnDoc("model.leaky_slope (used by leaky_relu only)"),
+        "optimizer": ColumnDoc("train.optimizer: 'gd' | 'sgd'"),
+        "initial_train_loss": ColumnDoc("train loss at step 0 (L0)", _LOSS, _FAILED),
+        "final_step": ColumnDoc(
+            "last step trained (the divergence step for diverged runs)", "steps", _FAILED
+        ),
+        "final_time": ColumnDoc("gradient-flow time at final_step", _T, _FAILED),
+        "init_fro_norms": ColumnDoc("realised ‖W_l(0)‖_F of layers 1..depth (list)", "", _FAILED),
+        **{
+            c: ColumnDoc(
+                f"first time the train loss falls below {f:g} × L0, checked at every step "
+                "(interpolated in t between steps)",
+                _T,
+                "the loss never got there (or failed runs)",
+            )
+            for c, f in zip(CROSSING_COLUMNS, CROSSING_FRACTIONS)
+        },
+        "chunk_size": ColumnDoc("members of the run's chunk", "count", _FAILED),
+        "chunk_wall_seconds": ColumnDoc("wall time of the whole chunk", "seconds", _FAILED),
+        "error": ColumnDoc("error message of a failed run", "", "runs that did not fail"),
+        "torch_threads": ColumnDoc(
+            "torch intra-op threads the trial trained with (= its CPUs)", "count", _FAILED
+        ),
+        "node_id": ColumnDoc("Ray node that trained the run", "", "outside Ray, or failed runs"),
+        "lr_effective": ColumnDoc("train.lr after the spec's lr_scaling rule (before schedules)"),
+    },
+    "trajectories": {
+        **_KEY,
+        "step": ColumnDoc(
+            "logged step (train.log_points log-spaced steps, 0 and the last included)", "steps"
+        ),
+        "time": ColumnDoc("gradient-flow time at step", _T),
+        "train_loss": ColumnDoc("loss on the full training set", _LOSS, "not finite (diverging)"),
+        "test_loss": ColumnDoc("loss on the test set", _LOSS, "not finite (diverging)"),
+        "param_rel_change": ColumnDoc("‖θ(t) − θ(0)‖ / ‖θ(0)‖ (weights and biases)", "ratio"),
+        "kernel_distance": ColumnDoc(
+            "1 − ⟨K_t, K_0⟩_F / (‖K_t‖_F ‖K_0‖_F), empirical NTK on the probe set",
+            "0..1",
+            "metrics.ntk false",
+        ),
+        "act_flip_frac": ColumnDoc(
+            "fraction of (probe input, hidden unit) pairs whose pre-activation sign differs "
+            "from step 0",
+            "0..1",
+            "linear nets and depth 1",
+        ),
+        "transversal_grad_sq": ColumnDoc(
+            "mean over test inputs of ‖P⊥ ∇ₓf(x)‖², P⊥ onto the codimension of the data",
+            "",
+            "data other than subspace, or metrics.transversal false",
+        ),
+        "kernel_alignment": ColumnDoc(
+            "⟨K_t, YYᵀ⟩_F / (‖K_t‖_F ‖YYᵀ‖_F), Y the probe labels", "-1..1", "metrics.ntk false"
+        ),
+        "ntk_eig_min": ColumnDoc(
+            "smallest eigenvalue of K_t (probe × probe)",
+            "",
+            "metrics.ntk false, or steps metrics.spectra_budget leaves out",
+        ),
+        "ntk_eig_max": ColumnDoc(
+            "largest eigenvalue of K_t",
+            "",
+            "metrics.ntk false, or steps metrics.spectra_budget leaves out",
+        ),
+        "dead_frac": ColumnDoc(
+            "fraction of hidden units with pre-activation ≤ 0 on every probe input",
+            "0..1",
+            "activations other than relu (and leaky_relu with slope 0)",
+        ),
+        "grad_norm": ColumnDoc("‖∇_θ L‖ of the full training loss"),
+        "param_norm": ColumnDoc("‖θ(t)‖"),
+        "output_norm": ColumnDoc("RMS of f over the probe set", "output units"),
+        "even_part_frac": ColumnDoc(
+            "‖f_even‖ / ‖f‖ on the probe set and its mirror image",
+            "0..1",
+            "data other than symmetric kinds (metrics.even_part)",
+        ),
+        "kernel_rel_change": ColumnDoc(
+            "‖K_t − K_0‖_F / ‖K_0‖_F on the probe set", "ratio", "metrics.ntk false"
+        ),
+    },
+    "layers": {
+        **_KEY,
+        "step": ColumnDoc("logged step", "steps"),
+        "layer": ColumnDoc("weight matrix, 1-based from the input"),
+        "fro_norm": ColumnDoc("‖W_l(t)‖_F"),
+        "rel_change": ColumnDoc("‖W_l(t) − W_l(0)‖_F / ‖W_l(0)‖_F", "ratio"),
+        "top_sv": ColumnDoc(
+            "metrics.top_k largest singular values of W_l(t), descending (list; entries "
+            "beyond min(fan_in, fan_out) NULL)",
+            "",
+            _SPECTRA,
+        ),
+        "stable_rank": ColumnDoc("‖W_l‖_F² / ‖W_l‖_2²", "", _SPECTRA),
+        "balance_defect": ColumnDoc(
+            "drift of the balance gradient flow conserves, normalised by the two layers' "
+            "initial size (docs/design.md)",
+            "ratio",
+            "the last layer, and tanh nets",
+        ),
+        "delta_top_sv": ColumnDoc(
+            "largest singular values of W_l(t) − W_l(0), descending (list)", "", _SPECTRA
+        ),
+    },
+    "summaries": {
+        "sweep": _KEY["sweep"],
+        "run_id": _KEY["run_id"],
+        "regime": ColumnDoc(
+            "'lazy' | 'rich' (order parameter below / above lazy_threshold) | 'diverged' | "
+            "'not_converged' (final loss above analysis.converged_loss_frac × L0)"
+        ),
+        "escape_time": ColumnDoc(
+            "when the loss leaves its initial plateau for good: the last crossing of "
+            "L0 − escape_eps × (L0 − L_end), log-interpolated between logged points",
+            _T,
+            "the loss fell by less than analysis.escape_min_drop × L0; diverged and failed runs",
+        ),
+        "n_plateaus": ColumnDoc(
+            "plateaus detected in the loss curve", "count", "diverged and failed runs"
+        ),
+        "final_param_rel_change": ColumnDoc("param_rel_change at the last logged step", "ratio"),
+        "final_kernel_distance": ColumnDoc(
+            "kernel_distance at the last logged step", "0..1", "metrics.ntk false"
+        ),
+        "order_parameter": ColumnDoc("the order parameter the regime used"),
+        "order_value": ColumnDoc("its final value", "", "neither order parameter was logged"),
+        "lazy_threshold": ColumnDoc("the threshold it was compared with"),
+        "initial_train_loss": ColumnDoc("first logged train loss (L0)", _LOSS),
+        "final_train_loss": ColumnDoc("last logged finite train loss", _LOSS),
+        "loss_ratio": ColumnDoc("final / initial train loss", "ratio"),
+        "final_time": ColumnDoc("gradient-flow time of the last logged point", _T),
+        "final_test_loss": ColumnDoc("last logged finite test loss", _LOSS),
+        "final_act_flip_frac": ColumnDoc(
+            "act_flip_frac at the last logged step", "0..1", "linear nets"
+        ),
+        "final_transversal_grad_sq": ColumnDoc(
+            "transversal_grad_sq at the last logged step", "", "data other than subspace"
+        ),
+        "escape_eps": ColumnDoc("the eps of escape_time (analysis.escape_eps)"),
+        **{
+            c: ColumnDoc(f"escape time at eps = {e:g}", _T, "as escape_time")
+            for c, e in zip(ESCAPE_COLUMNS, ESCAPE_EPS)
+        },
+        "extra_escape_eps": ColumnDoc("analysis.extra_escape_eps (list)"),
+        "extra_escape_times": ColumnDoc(
+            "escape times at those eps, same order (list)", _T, "entries as escape_time"
+        ),
+    },
+    "plateaus": {
+        "sweep": _KEY["sweep"],
+        "run_id": _KEY["run_id"],
+        "level": ColumnDoc("loss on the plateau", _LOSS),
+        "start": ColumnDoc("start of the plateau", _T),
+        "end": ColumnDoc("end of the plateau (the drop begins)", _T),
+        "duration": ColumnDoc("end − start", _T),
+        "plateau_index": ColumnDoc("0-based order within the run (0: the plateau at L0)"),
+        "drop_frac": ColumnDoc("relative loss decrease of the drop that ends the plateau", "0..1"),
+        "contrast": ColumnDoc("peak loss-decay rate of that drop / rate on the plateau", "ratio"),
+    },
+    "scaling_fits": {
+        "sweep": _KEY["sweep"],
+        "depth": ColumnDoc("depth of the fitted runs"),
+        "x": ColumnDoc(
+            "'log_init_scale' | 'log_inv_init_scale' | 'log_log_inv_init_scale' (what slope "
+            "differentiates by)"
+        ),
+        "slope": ColumnDoc("fitted d y / d x"),
+        "ci_low": ColumnDoc("lower end of the confidence interval of slope", "", "too few seeds"),
+        "ci_high": ColumnDoc("upper end of the confidence interval", "", "too few seeds"),
+        "theory_slope": ColumnDoc("slope the theory predicts", "", "the theory gives none"),
+        "n_points": ColumnDoc("runs fitted", "count"),
+        "n_seeds": ColumnDoc("seeds among them", "count"),
+        "y": ColumnDoc("'log_escape_time' | 'escape_time'"),
+        "intercept": ColumnDoc("y = intercept + slope × x"),
+        "eps": ColumnDoc("eps of the escape times fitted"),
+        "width": ColumnDoc("the group's width", "", "width is not a grid axis"),
+        "activation": ColumnDoc("the group's activation", "", "not a grid axis"),
+        "noise_sigma": ColumnDoc("the group's noise_sigma", "", "not a grid axis"),
+        "lr": ColumnDoc("the group's lr", "", "not a grid axis"),
+        "init_scale_min": ColumnDoc("smallest init scale fitted"),
+        "init_scale_max": ColumnDoc("largest init scale fitted"),
+        "ci_method": ColumnDoc("'seeds_t' (t-interval of per-seed slopes) | 'ols_t'"),
+        "confidence": ColumnDoc("confidence level of the interval (analysis.fit_confidence)"),
+        "theory": ColumnDoc("the law the theory slope comes from", "", "the theory gives none"),
+    },
+    "manifest": {
+        "sweep": _KEY["sweep"],
+        "chunk_id": ColumnDoc("the chunk committed"),
+        "attempt": ColumnDoc("the committing attempt"),
+        "finished_at": ColumnDoc("when the entry was written", "UTC timestamp"),
+        "n_runs": ColumnDoc("runs in the chunk", "count"),
+        "run_ids": ColumnDoc("their run_ids (list)"),
+        "files": ColumnDoc(
+            "files written: list of {table, path (from the store root), rows, bytes}"
+        ),
+    },
+}
+
+#: What one row of each catalog view is (docs/reference/store.md).
+TABLE_DOCS: dict[str, str] = {
+    "runs": (
+        "One row per grid point trained (written by `phasesweep run`, one file per chunk). "
+        "A point whose rows are all 'failed' is trained again on relaunch, and the view then "
+        "shows the new row."
+    ),
+    "trajectories": (
+        "One row per run per logged step (`train.log_points` log-spaced steps, step 0 and "
+        "the last included; a diverged run's rows end at its divergence step). Metrics on "
+        "the probe set use the first `metrics.probe_size` test inputs."
+    ),
+    "layers": "One row per run per logged step per weight matrix.",
+    "summaries": (
+        "One row per run, written by `phasesweep analyze` (replaced whole on every analyze)."
+    ),
+    "plateaus": "One row per loss plateau of a run, written by `phasesweep analyze`.",
+    "scaling_fits": (
+        "Fits of log escape time against log init scale, one row per depth, law and group "
+        "of the other grid axes, written by `phasesweep analyze`."
+    ),
+    "manifest": (
+        "One row per committed chunk attempt: a log of what was written when "
+        "(the runs table stays the truth about which runs are done)."
+    ),
 }

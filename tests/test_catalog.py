@@ -205,7 +205,7 @@ def test_query_connection_is_hardened_without_the_statement_check(
         with pytest.raises((ReadOnlyQueryError, duckdb.Error), match="ermission|locked|base table"):
             run_query(store, sql)
     # DDL only changes the throwaway in-memory connection.
-    run_query(store, "DROP VIEW _raw_runs")
+    run_query(store, "DROP VIEW summaries")
     run_query(store, "CREATE TABLE t AS SELECT * FROM trajectories")
     assert _fingerprint(tmp_path) == before
     assert run_query(store, "SELECT count(*) AS n FROM runs") == (["n"], [(1,)])

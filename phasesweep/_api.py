@@ -1,0 +1,324 @@
+"""The Python API behind ``import phasesweep``: the CLI's operations as functions.
+
+Private module: use the names re-exported by :mod:`phasesweep`. Every function takes
+``store`` as a ``Store``, a URI (a path, ``file://PATH`` or ``s3://BUCKET/PREFIX``) or
+None (``$PHASESWEEP_STORE``, else ``./results``), and reports bad input with the same
+exceptions the CLI turns into one-line errors with exit code 2: :class:`SpecError`
+(spec, override or argument), :class:`StoreError` (missing or unreachable store),
+:class:`UnknownSweepError` (a sweep the store does not hold) and ``duckdb.Error`` (SQL).
+
+Concurrency: the store is the single source of truth and may be written while it is
+read. A connection or DataFrame is a snapshot of the files present when it was opened;
+open a new one to see chunks committed later. Writers (``run``, ``analyze``) may run
+in other processes at the same time (see :class:`~phasesweep.storage.Store`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
+    import duckdb
+    import pandas as pd
+    import pyarrow as pa
+
+    from phasesweep.pipeline.driver import SweepOutcome
+    from phasesweep.pipeline.grid import Point
+    from phasesweep.pipeline.launch import Plan, Status
+    from phasesweep.pipeline.spec import SweepSpec
+    from phasesweep.storage import Store
+
+    SpecSource = str | Path | Mapping[str, Any] | SweepSpec
+
+#: Names ``table`` accepts instead of SQL: the catalog's views.
+TABLES = ("runs", "trajectories", "layers", "summaries", "plateaus", "scaling_fits", "manifest")
+
+
+class StoreError(ValueError):
+    """The store URI is unusable, names no existing store (for reading), or cannot be reached."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        self.uri, self.reason = uri, reason
+        super().__init__(f"store {uri}: {reason}")
+
+
+class UnknownSweepError(LookupError):
+    """The store holds no sweep of this name. ``close`` lists similar stored names."""
+
+    def __init__(self, sweep: str, store_uri: str, known: Sequence[str]) -> None:
+        self.sweep, self.known = sweep, list(known)
+        self.close = difflib.get_close_matches(sweep, self.known, n=3, cutoff=0.6)
+        if self.close:
+            hint = "; did you mean " + " or ".join(repr(n) for n in self.close) + "?"
+        elif self.known:
+            shown = ", ".join(self.known[:10]) + (" …" if len(self.known) > 10 else "")
+            hint = f"; it holds: {shown}"
+        else:
+            hint = "; it holds no sweeps"
+        super().__init__(f"no sweep {sweep!r} in the store {store_uri}{hint}")
+
+    def __str__(self) -> str:  # LookupError would show the args tuple
+        return self.args[0]
+
+
+def open_store(store: Store | str | Path | None = None, *, must_exist: bool = True) -> Store:
+    """The store at ``store``, checked: reachable, and (``must_exist``) already there.
+
+    A local store exists when its directory does; an object store when its prefix
+    holds any object. Reading commands need an existing store (a typo in a path is
+    not an empty store); ``run`` creates it. Raises :class:`StoreError`.
+    """
+    from phasesweep.storage import Store, resolve_store_uri
+
+    if isinstance(store, Store):
+        opened = store
+    else:
+        try:
+            opened = Store.open(store)
+        except ValueError as e:
+            raise StoreError(resolve_store_uri(store), str(e)) from None
+    try:
+        exists = opened.fs.isdir(opened.root) if opened.is_local else opened.fs.exists(opened.root)
+    except Exception as e:  # botocore/aiohttp connection errors have no common base
+        raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
+    if must_exist and not exists:
+        raise StoreError(
+            opened.uri,
+            "no store there (give --store, or set $PHASESWEEP_STORE; `phasesweep run` creates one)",
+        )
+    return opened
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _sweep_store(sweep: str, store: Store | str | Path | None, *, runs: bool = True) -> Store:
+    """The existing store at ``store``, which must hold ``sweep`` (:class:`UnknownSweepError`)
+    and, with ``runs``, some of its runs (:class:`StoreError`: only its spec is stored)."""
+    opened = open_store(store)
+    known = opened.sweeps()
+    if sweep not in known:
+        raise UnknownSweepError(sweep, opened.uri, known)
+    if runs and not opened.files("runs", sweep):
+        raise StoreError(opened.uri, f"sweep {sweep!r} has no runs yet, only its spec: run it")
+    return opened
+
+
+def load_spec(source: SpecSource, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Validate a sweep spec after applying ``overrides``.
+
+    ``source``: a YAML file path, a dict as in YAML, or a :class:`SweepSpec`.
+    ``overrides``: ``"KEY=VALUE"`` strings as ``phasesweep run --set`` takes them
+    (dotted KEY, YAML VALUE), applied in order. Raises :class:`SpecError` naming the
+    dotted key and the value. Writes nothing.
+    """
+    from phasesweep.pipeline.launch import resolve_spec
+
+    return resolve_spec(source, overrides)[0]
+
+
+def expand(spec: SpecSource) -> list[Point]:
+    """The grid points of ``spec`` (anything :func:`load_spec` takes), in grid order.
+
+    Each :class:`~phasesweep.pipeline.Point` has the ``run_id`` the store files it
+    under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
+    varies fastest).
+    """
+    from phasesweep.pipeline.grid import expand as expand_grid
+    from phasesweep.pipeline.spec import SweepSpec
+
+    return expand_grid(spec if isinstance(spec, SweepSpec) else load_spec(spec))
+
+
+def plan(
+    source: SpecSource,
+    store: Store | str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    address: str | None = None,
+    cpus_per_trial: float = 1.0,
+) -> Plan:
+    """What :func:`run` would do, without writing anything (``phasesweep run --dry-run``).
+
+    The :class:`~phasesweep.pipeline.launch.Plan` holds the points, the ones still to
+    train (``todo``), their chunks, ``peak_bytes`` (memory of the largest chunk) and
+    ``flops`` (training work). ``address`` is only used to count the cluster's CPUs.
+    """
+    from phasesweep.pipeline.launch import plan_sweep
+
+    return plan_sweep(
+        source,
+        open_store(store, must_exist=False),
+        overrides=overrides,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+    )
+
+
+def run(
+    source: SpecSource,
+    store: Store | str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    address: str | None = None,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    max_retries: int = 2,
+    progress: bool = True,
+) -> SweepOutcome:
+    """Train every point of the sweep the store does not hold yet (``phasesweep run``).
+
+    Same store, same resume semantics (stored points are skipped, failed ones trained
+    again), same Ray default (an embedded local Ray private to this call unless
+    ``address`` names a cluster: ``auto``, ``host:port`` or ``ray://host:port``). The
+    store is created if missing. Returns a
+    :class:`~phasesweep.pipeline.driver.SweepOutcome` (``trained``, ``diverged``,
+    ``skipped``, ``failed`` run ids, ``errors``).
+
+    Concurrency: the embedded Ray stays up in this process after the call (later calls
+    reuse it; ``ray.shutdown()`` ends it). Two launches of one sweep at once may train
+    a point twice; the catalog then shows one copy.
+    """
+    from phasesweep.pipeline.launch import run_sweep
+
+    return run_sweep(
+        source,
+        open_store(store, must_exist=False),
+        overrides=overrides,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        max_retries=max_retries,
+        progress=progress,
+    )
+
+
+def status(sweep: str | None = None, store: Store | str | Path | None = None) -> Status:
+    """Stored runs by sweep and status (``phasesweep status``).
+
+    Returns a :class:`~phasesweep.pipeline.launch.Status`: ``counts`` as
+    ``(sweep, status, runs)`` tuples; with ``sweep``, ``total`` is its grid size from
+    the stored spec and ``done`` the runs completed or diverged.
+    """
+    from phasesweep.pipeline.launch import sweep_status
+
+    opened = open_store(store) if sweep is None else _sweep_store(sweep, store, runs=False)
+    return sweep_status(opened, sweep)
+
+
+def connect(store: Store | str | Path | None = None) -> duckdb.DuckDBPyConnection:
+    """A new DuckDB connection over the store with the views ``runs``, ``trajectories``,
+    ``layers``, ``summaries``, ``plateaus``, ``scaling_fits`` and ``manifest``.
+
+    Read-only for the store: DuckDB's file, network and extension access is off and its
+    configuration locked (as for ``phasesweep query``); in-memory tables may still be
+    created. ``con.sql(...).df()`` gives a DataFrame. The views are a snapshot of the
+    files present now; close the connection (``con.close()``) when done.
+    """
+    from phasesweep.storage import open_catalog
+
+    return open_catalog(open_store(store))
+
+
+def arrow_table(sql: str, store: Store | str | Path | None = None) -> pa.Table:
+    """One read-only SQL statement over the store's views, as an Arrow table."""
+    from phasesweep.storage import query_table
+
+    return query_table(open_store(store), sql)
+
+
+def table(
+    name_or_sql: str, store: Store | str | Path | None = None, *, sweep: str | None = None
+) -> pd.DataFrame:
+    """A whole view (``"runs"``, ``"trajectories"``, …; see :data:`TABLES`) or the result
+    of one read-only SQL statement, as a pandas DataFrame.
+
+    ``sweep`` keeps a view's rows of that sweep (only with a view name). Columns are
+    those of the store reference (docs/reference/store.md): times in gradient-flow
+    units ``t = Σ lr``, NULL as NaN/None, lists as arrays. SQL errors raise
+    ``duckdb.Error``; statements that are not read-only ``ReadOnlyQueryError``.
+    """
+    from phasesweep.pipeline.spec import SpecError
+
+    if name_or_sql in TABLES:
+        sql = f"FROM {name_or_sql}"
+        if sweep is not None:
+            _sweep_store(sweep, store)
+            sql += " WHERE sweep = " + _quote(sweep)
+    elif sweep is not None:
+        raise SpecError("sweep", sweep, "only applies to a table name, not to SQL", "argument")
+    else:
+        sql = name_or_sql
+    return arrow_table(sql, store).to_pandas()
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def phase_diagram(
+    sweep: str,
+    store: Store | str | Path | None = None,
+    *,
+    x: str = "init_scale",
+    y: str = "width",
+    value: str = "kernel_distance",
+    facet: str | None = None,
+    where: str | None = None,
+) -> pd.DataFrame:
+    """The phase diagram of ``sweep`` as a DataFrame: one row per (facet,) x, y cell.
+
+    Columns ``x``, ``y`` (``facet``), ``value`` (mean over the cell's completed runs of
+    the final ``value``, e.g. ``kernel_distance``), ``value_sd``, ``n_runs``,
+    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``regime``; the query is
+    :func:`phasesweep.analysis.phase_diagram_sql`. Needs the sweep's summaries: run
+    :func:`analyze` first (without them ``value`` is NULL).
+    """
+    from phasesweep.analysis import phase_diagram_sql
+    from phasesweep.pipeline.spec import SpecError
+
+    opened = _sweep_store(sweep, store)
+    try:
+        sql = phase_diagram_sql(sweep, x, y, value, facet=facet, where=where)
+    except ValueError as e:
+        raise SpecError("phase_diagram", (x, y, value, facet), str(e), "argument") from None
+    return arrow_table(sql, opened).to_pandas()
+
+
+def analyze(sweep: str, store: Store | str | Path | None = None) -> dict[str, int]:
+    """Compute and store the sweep's ``summaries``, ``plateaus`` and ``scaling_fits``
+    (``phasesweep analyze``); returns the rows written per table.
+
+    Each table's partition of the sweep is replaced whole; the last writer wins.
+    """
+    from phasesweep import analysis
+
+    return analysis.analyze(_sweep_store(sweep, store), sweep)
+
+
+def plot(
+    sweep: str, store: Store | str | Path | None = None, out: str | Path | None = None
+) -> list[Path]:
+    """Write every figure of the sweep as PNG and SVG (``phasesweep plot``); their paths.
+
+    ``out``: a directory (default: ``STORE/figures/SWEEP`` for a local store). Analyzes
+    the sweep first if it has no summaries. To draw one figure into your own matplotlib
+    ``Axes`` and get the ``Figure`` back, use :func:`phasesweep.draw`.
+    """
+    from phasesweep import analysis
+
+    return analysis.plot(_sweep_store(sweep, store), sweep, out)
+
+
+def report(
+    sweep: str, store: Store | str | Path | None = None, out: str | Path | None = None
+) -> Path:
+    """Write the sweep's self-contained HTML report (``phasesweep report``); its path."""
+    from phasesweep import analysis
+
+    return analysis.report(_sweep_store(sweep, store), sweep, out)
