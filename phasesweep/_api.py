@@ -142,22 +142,30 @@ def plan(
     overrides: Sequence[str] = (),
     address: str | None = None,
     cpus_per_trial: float = 1.0,
+    extend: bool = False,
 ) -> Plan:
     """What :func:`run` would do, without writing anything (``phasesweep run --dry-run``).
 
-    The :class:`~phasesweep.pipeline.launch.Plan` holds the points, the ones still to
-    train (``todo``), their chunks, ``peak_bytes`` (memory of the largest chunk) and
-    ``flops`` (training work). ``address`` is only used to count the cluster's CPUs.
+    The :class:`~phasesweep.pipeline.launch.Plan` holds the grid's size (``total``), the
+    points still to train (``todo``), their chunks, ``peak_bytes`` (memory of the largest
+    chunk) and ``flops`` (training work). ``address`` is only used to count the cluster's
+    CPUs. The spec's ``plots:`` are checked too, so a typo fails before a launch. A spec
+    that differs from the one stored under its name is refused unless ``extend`` and it
+    only adds grid values (see :func:`run`).
     """
+    from phasesweep.analysis.plotting import check_plots
     from phasesweep.pipeline.launch import plan_sweep
 
-    return plan_sweep(
+    planned = plan_sweep(
         source,
         open_store(store, must_exist=False),
         overrides=overrides,
         address=address,
         cpus_per_trial=cpus_per_trial,
+        extend=extend,
     )
+    check_plots(planned.spec)
+    return planned
 
 
 def run(
@@ -170,6 +178,7 @@ def run(
     gpus_per_trial: float = 0.0,
     max_retries: int = 2,
     progress: bool = True,
+    extend: bool = False,
 ) -> SweepOutcome:
     """Train every point of the sweep the store does not hold yet (``phasesweep run``).
 
@@ -180,16 +189,28 @@ def run(
     :class:`~phasesweep.pipeline.driver.SweepOutcome` (``trained``, ``diverged``,
     ``skipped``, ``failed`` run ids, ``errors``).
 
-    Concurrency: the embedded Ray stays up in this process after the call (later calls
-    reuse it; ``ray.shutdown()`` ends it). Two launches of one sweep at once may train
-    a point twice; the catalog then shows one copy.
-    """
-    from phasesweep.pipeline.launch import run_sweep
+    A spec that differs from the one stored under its name is refused
+    (:class:`SpecError` listing the changes); ``extend=True`` accepts one that only adds
+    values to the grid axes. The spec's ``plots:`` are checked before anything is written.
 
-    return run_sweep(
+    Concurrency: the embedded Ray stays up in this process after the call (later calls
+    reuse it; ``ray.shutdown()`` ends it). Any number of launches of one sweep may run at
+    once, here or on other machines: points are claimed in the store, so none trains
+    twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
+    another host dies; hosts' clocks must agree to well within that).
+    """
+    from phasesweep.pipeline.launch import execute
+
+    planned = plan(
         source,
-        open_store(store, must_exist=False),
+        store,
         overrides=overrides,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        extend=extend,
+    )
+    return execute(
+        planned,
         address=address,
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,

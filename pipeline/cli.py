@@ -348,9 +348,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline.launch import execute, plan_sweep
+    from phasesweep.pipeline.launch import execute
 
-    plan = plan_sweep(
+    from phasesweep import _api
+
+    plan = _api.plan(
         args.spec,
         _open_store(args.store),
         overrides=args.overrides,

@@ -166,6 +166,8 @@ class Plan:
     spec: SweepSpec
     raw: dict
     store: Store
+    #: the spec file's leading comment block (kept with the stored spec: the report shows it)
+    header: str
     total: int  # points of the grid (see grid.grid_size)
     todo: list[Point]
     chunks: list[Chunk]
@@ -220,7 +222,20 @@ def plan_sweep(
         if (left := tuple(p for p in c.points if p.run_id not in done))
     ]
     todo = [p for c in chunks for p in c.points]
-    return Plan(spec, raw, store, total, todo, chunks)
+    return Plan(spec, raw, store, _header(source), total, todo, chunks)
+
+
+def _header(source: SpecSource) -> str:
+    """The leading ``#`` comment lines of a spec file (with their newlines), or ""."""
+    if not isinstance(source, str | Path):
+        return ""
+    lines = []
+    with open(source, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.lstrip().startswith("#"):
+                break
+            lines.append(line if line.endswith("\n") else line + "\n")
+    return "".join(lines)
 
 
 def run_sweep(
@@ -277,7 +292,7 @@ def execute(
     """
     if plan.chunks:
         connect(address)
-    plan.store.write_spec(plan.spec.name, yaml.safe_dump(plan.raw, sort_keys=False))
+    plan.store.write_spec(plan.spec.name, plan.header + yaml.safe_dump(plan.raw, sort_keys=False))
     return run_chunks(
         plan.store,
         plan.spec.name,
