@@ -376,6 +376,24 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         "kernel_rel_change": ColumnDoc(
             "‖K_t − K_0‖_F / ‖K_0‖_F on the probe set", "ratio", "metrics.ntk false"
         ),
+        "probe_test_loss": ColumnDoc(
+            "the net's loss 1/(2P) Σ ‖f(x) − y‖² on the probe set (the kernel predictor's "
+            "reference)",
+            "loss",
+            "metrics.linearized or metrics.ntk off, more than one output, or n_train > 512",
+        ),
+        "lin_test_loss": ColumnDoc(
+            "the same loss of the linearized model at init (NTK at t = 0) trained by gradient "
+            "flow to the same time t (closed form through the train kernel's eigendecomposition)",
+            "loss",
+            "as probe_test_loss",
+        ),
+        "lin_distance": ColumnDoc(
+            "RMS over the probe set of f(x) − f_lin(x): the distance to the kernel predictor "
+            "(≈ 0 in the lazy regime)",
+            "output units",
+            "as probe_test_loss",
+        ),
     },
     "layers": {
         **_KEY,
@@ -443,6 +461,29 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         "extra_escape_times": ColumnDoc(
             "escape times at those eps, same order (list)", _T, "entries as escape_time"
         ),
+        "eval_time": ColumnDoc(
+            "gradient-flow time the order parameters are read at (analysis.at_time, else the "
+            "run's last logged time)",
+            "gradient-flow time",
+            "the run did not reach analysis.at_time",
+        ),
+        "eval_loss_ratio": ColumnDoc(
+            "train loss / initial train loss at eval_time (interpolated in log t)",
+            "ratio",
+            "as eval_time",
+        ),
+        "eval_param_rel_change": ColumnDoc(
+            "param_rel_change at eval_time (interpolated in log t)", "ratio", "as eval_time"
+        ),
+        "eval_kernel_distance": ColumnDoc(
+            "kernel_distance at eval_time (interpolated in log t)", "", "as eval_time, or no NTK"
+        ),
+        "final_lin_test_loss": ColumnDoc(
+            "lin_test_loss at the last logged step", "loss", "no kernel predictor logged"
+        ),
+        "final_lin_distance": ColumnDoc(
+            "lin_distance at the last logged step", "output units", "no kernel predictor logged"
+        ),
     },
     "plateaus": {
         "sweep": _KEY["sweep"],
@@ -481,6 +522,51 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         "confidence": ColumnDoc("confidence level of the interval (analysis.fit_confidence)"),
         "theory": ColumnDoc("the law the theory slope comes from", "", "the theory gives none"),
     },
+    "boundaries": {
+        "sweep": ColumnDoc("the refinement sweep (PARENT__refine_METRIC) the row belongs to"),
+        "parent": ColumnDoc("the sweep refined"),
+        "metric": ColumnDoc("the order parameter: final value of a trajectories or runs column"),
+        "level": ColumnDoc("the level whose crossing is sought", "metric's unit"),
+        "axis": ColumnDoc("the searched grid axis (as the parent's grid names it)"),
+        "axis_scale": ColumnDoc("'log' (searched in log10) | 'linear'"),
+        "line": ColumnDoc("JSON of the line's values of the other grid axes"),
+        **{
+            k: ColumnDoc(f"the line's {k}", "", "not an axis of the line")
+            for k in ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
+        },
+        "boundary": ColumnDoc(
+            "where the seed-mean metric crosses the level, interpolated in the bracket",
+            "axis unit",
+            "not bracketed",
+        ),
+        "bracket_low": ColumnDoc(
+            "lower end of the bracket (the seed mean lies on opposite sides of the level at its "
+            "two ends, with no measured point between)",
+            "axis unit",
+            "not bracketed",
+        ),
+        "bracket_high": ColumnDoc("upper end of the bracket", "axis unit", "not bracketed"),
+        "seed_boundaries": ColumnDoc(
+            "each seed's own crossing inside the bracket (list)", "axis unit", "not bracketed"
+        ),
+        "seed_spread": ColumnDoc(
+            "sample std of seed_boundaries (log10 units on a log axis)",
+            "axis unit or decades",
+            "fewer than two seed crossings",
+        ),
+        "bracketed": ColumnDoc("whether the level is crossed within the axis range"),
+        "side": ColumnDoc(
+            "'above' | 'below': the metric's side of the level over the whole range",
+            "",
+            "bracketed",
+        ),
+        "converged": ColumnDoc("bracketed and the bracket is at most tol wide"),
+        "tol": ColumnDoc("bracket width that ends a line (log10 units on a log axis)"),
+        "axis_low": ColumnDoc("lowest axis value searched", "axis unit"),
+        "axis_high": ColumnDoc("highest axis value searched", "axis unit"),
+        "n_runs": ColumnDoc("runs of the line used (parent's and refinement's)", "count"),
+        "n_refine_runs": ColumnDoc("of which trained by the refinement", "count"),
+    },
     "manifest": {
         "sweep": _KEY["sweep"],
         "chunk_id": ColumnDoc("the chunk committed"),
@@ -518,5 +604,10 @@ TABLE_DOCS: dict[str, str] = {
     "manifest": (
         "One row per committed chunk attempt: a log of what was written when "
         "(the runs table stays the truth about which runs are done)."
+    ),
+    "boundaries": (
+        "One row per refined line (a value of the sweep's other grid axes): the phase "
+        "boundary along one axis found by `phasesweep refine`, with its bracket, seed spread "
+        "and the runs it used."
     ),
 }
