@@ -34,7 +34,16 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     SpecSource = str | Path | Mapping[str, Any] | SweepSpec
 
 #: Names ``table`` accepts instead of SQL: the catalog's views.
-TABLES = ("runs", "trajectories", "layers", "summaries", "plateaus", "scaling_fits", "manifest")
+TABLES = (
+    "runs",
+    "trajectories",
+    "layers",
+    "summaries",
+    "plateaus",
+    "scaling_fits",
+    "boundaries",
+    "manifest",
+)
 
 
 class StoreError(ValueError):
