@@ -163,8 +163,13 @@ def test_draw_into_given_axes(synthetic_store):
     phasesweep.analyze("drawn", store)
     fig, ax = plt.subplots()
     try:
-        returned = phasesweep.draw("loss_curves", store, "drawn", ax=ax)
+        returned = phasesweep.draw("loss_curves", store, "drawn", ax=ax, where="width = 16")
         assert returned is fig and ax.lines  # drew into the given Axes
+        # a faceted figure takes the given Axes' place with its panels, in the same figure
+        fig, ax = plt.subplots()
+        returned = phasesweep.draw("loss_curves", store, "drawn", ax=ax, facet="width")
+        panels = [a for a in fig.axes if a.lines]
+        assert returned is fig and len(panels) > 1
     finally:
         plt.close("all")
 

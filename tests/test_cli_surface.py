@@ -221,7 +221,16 @@ def test_show_tables_lists_only_the_views(phasesweep_cli, store):
     assert code == 0, err
     names = [line.strip() for line in out.splitlines()[2:-1]]
     assert names == sorted(
-        ["runs", "trajectories", "layers", "summaries", "plateaus", "scaling_fits", "manifest"]
+        [
+            "runs",
+            "trajectories",
+            "layers",
+            "summaries",
+            "plateaus",
+            "scaling_fits",
+            "boundaries",
+            "manifest",
+        ]
     )
 
 

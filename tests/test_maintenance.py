@@ -103,7 +103,7 @@ def test_readers_skip_and_report_damaged_files(tmp_path, store_make_chunk, phase
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         assert "Traceback" not in err and os.path.basename(bad["zero"]) in err
-    assert "5" in out.splitlines()[-1]  # 6 entries, one of them damaged
+    assert out.split()[-3:] == ["5", "(1", "row)"]  # 6 entries, one of them damaged
 
 
 def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
