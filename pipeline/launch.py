@@ -238,45 +238,6 @@ def _header(source: SpecSource) -> str:
     return "".join(lines)
 
 
-def run_sweep(
-    source: SpecSource,
-    store: Store | str | None = None,
-    *,
-    overrides: Sequence[str] = (),
-    address: str | None = None,
-    cpus_per_trial: float = 1.0,
-    gpus_per_trial: float = 0.0,
-    max_retries: int = 2,
-    progress: bool = True,
-    extend: bool = False,
-) -> SweepOutcome:
-    """Train every point of the sweep that ``store`` does not hold yet, as Ray Tune trials.
-
-    The same operation as ``phasesweep run``: same store, same resume semantics (a
-    relaunch skips stored points and retries failed ones; a changed spec is refused
-    unless ``extend`` and it only adds grid values), same Ray default (a private
-    embedded instance unless ``address`` or ``$RAY_ADDRESS`` names a cluster). Connects,
-    stores the spec, then trains; returns counts of trained, diverged, skipped and
-    failed points, and whether SIGINT interrupted it.
-    """
-    plan = plan_sweep(
-        source,
-        store,
-        overrides=overrides,
-        address=address,
-        cpus_per_trial=cpus_per_trial,
-        extend=extend,
-    )
-    return execute(
-        plan,
-        address=address,
-        cpus_per_trial=cpus_per_trial,
-        gpus_per_trial=gpus_per_trial,
-        max_retries=max_retries,
-        progress=progress,
-    )
-
-
 def execute(
     plan: Plan,
     *,
@@ -286,7 +247,7 @@ def execute(
     max_retries: int = 2,
     progress: bool = True,
 ) -> SweepOutcome:
-    """Connect to Ray, store the plan's spec and train its chunks (see :func:`run_sweep`).
+    """Connect to Ray, store the plan's spec and train its chunks (``phasesweep.run``).
 
     Nothing is written when the connection fails (:class:`SpecError` on ``--address``).
     """
