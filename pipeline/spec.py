@@ -98,6 +98,25 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+def _user_file_path(
+    raw: Any, selector: tuple[str, str], path_key: str, sha_key: str, what: str
+) -> str | None:
+    """The file path of a section that reads the researcher's own files (``init: file``,
+    ``data.kind: arrays``); None when ``selector`` does not pick that mode (its path and
+    hash keys must then be absent)."""
+    if not isinstance(raw, dict):
+        return None
+    key, value = selector
+    if raw.get(key) != value:
+        if raw.get(path_key) is not None or raw.get(sha_key) is not None:
+            raise ValueError(f"{path_key} and {sha_key} apply to {what} only")
+        return None
+    path = raw.get(path_key)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what} needs {path_key} (a .npz file or a directory)")
+    return path
+
+
 class ModelConfig(_Section):
     """A fully connected net. ``depth`` counts weight matrices (depth 2 = one hidden layer)."""
 
@@ -114,7 +133,11 @@ class ModelConfig(_Section):
     bias: bool = Field(False, description="Whether layers have biases (they start at zero).")
     parameterization: Parameterization = Field(
         "ntk",
-        description="Init std and forward multiplier of layer l, fan-in n: standard (std g/√n, multiplier 1), ntk (std g, multiplier 1/√n), mean_field (std g, 1/√n, last layer 1/n); g = init_scale.",
+        description=(
+            "Init std and forward multiplier of layer l, fan-in n: standard (std g/√n, multiplier "
+            "1), ntk (std g, multiplier 1/√n), mean_field (std g, 1/√n, last layer 1/n); g = "
+            "init_scale."
+        ),
     )
     init_scale: PositiveFloat = Field(
         1.0, description="Multiplies the standard deviation of every layer's initial weights."
@@ -123,32 +146,39 @@ class ModelConfig(_Section):
         "gaussian", "balanced", "balanced_rank_one", "balanced_full", "antisymmetric", "file"
     ] = Field(
         "gaussian",
-        description="gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly balanced layers; balanced_full: exactly balanced with the largest rank the layer shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored halves so the output is exactly 0 at init. file: the researcher's own weights from ``init_path`` (see below).",
+        description=(
+            "gaussian: i.i.d. normal; balanced (= balanced_rank_one): aligned rank-one, exactly "
+            "balanced layers; balanced_full: exactly balanced with the largest rank the layer "
+            "shapes allow (min of all dims), equal singular values; antisymmetric: two mirrored "
+            "halves so the output is exactly 0 at init. file: the researcher's own weights from "
+            "``init_path`` (see below)."
+        ),
     )
     init_path: str | None = Field(
         None,
-        description="init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL`` (fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member with that ``train.seed`` (before the shared one). The weights are multiplied by ``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given.",
+        description=(
+            "init file: a .npz (or a directory of NAME.npy files) with arrays ``W1`` … ``WL`` "
+            "(fan_out, fan_in), shared by all members, and/or ``W1_seed0`` …, used by the member "
+            "with that ``train.seed`` (before the shared one). The weights are multiplied by "
+            "``init_scale`` (and ``layer_scales``): init_scale 1 uses them as given."
+        ),
     )
     init_sha256: str | None = Field(
         None,
-        description="init file: SHA-256 of its bytes, filled in on load (run ids follow the contents).",
+        description=(
+            "init file: SHA-256 of its bytes, filled in on load (run ids follow the contents)."
+        ),
     )
 
     @model_validator(mode="before")
     @classmethod
     def _init_file(cls, raw: Any) -> Any:
         """init file: read and check the weights against the hidden widths and the depth."""
-        if not isinstance(raw, dict):
-            return raw
-        if raw.get("init") != "file":
-            if raw.get("init_path") is not None or raw.get("init_sha256") is not None:
-                raise ValueError("init_path and init_sha256 apply to init file only")
+        path = _user_file_path(raw, ("init", "file"), "init_path", "init_sha256", "init file")
+        if path is None:
             return raw
         from phasesweep.pipeline.user_data import check_weights, load_weights
 
-        path = raw.get("init_path")
-        if not isinstance(path, str) or not path:
-            raise ValueError("init file needs init_path (a .npz file or a directory)")
         weights, sha = load_weights(path)
         depth, width = raw.get("depth", 2), raw.get("width", 256)
         if isinstance(depth, int) and isinstance(width, int) and depth >= 1:
@@ -159,7 +189,11 @@ class ModelConfig(_Section):
 
     init_norm: Literal["fan_in", "entry_std", "frobenius"] = Field(
         "fan_in",
-        description="What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius`` (every layer is rescaled to ||W_l(0)||_F = init_scale).",
+        description=(
+            "What ``init_scale`` sets: ``fan_in`` (the parameterization's own std times "
+            "init_scale), ``entry_std`` (every entry has std init_scale), ``frobenius`` (every "
+            "layer is rescaled to ||W_l(0)||_F = init_scale)."
+        ),
     )
     layer_scales: list[PositiveFloat] | None = Field(
         None,
@@ -182,7 +216,13 @@ class DataConfig(_Section):
 
     kind: DataKind = Field(
         "teacher",
-        description="teacher: Gaussian inputs, labels from a random teacher net; subspace: inputs on a random subspace_dim-dimensional subspace plus noise_sigma in the codimension; symmetric: (x, -x) pairs with odd labels; perturbed_symmetric: symmetric with one point moved by delta; orthogonal: orthogonal inputs with ±1 labels; xor: four clusters with XOR labels; digits: scikit-learn's 8x8 digits.",
+        description=(
+            "teacher: Gaussian inputs, labels from a random teacher net; subspace: inputs on a "
+            "random subspace_dim-dimensional subspace plus noise_sigma in the codimension; "
+            "symmetric: (x, -x) pairs with odd labels; perturbed_symmetric: symmetric with one "
+            "point moved by delta; orthogonal: orthogonal inputs with ±1 labels; xor: four clusters"
+            " with XOR labels; digits: scikit-learn's 8x8 digits."
+        ),
     )
     n_train: PositiveInt = Field(64, description="Training points (the loss is a mean over them).")
     n_test: PositiveInt = Field(
@@ -195,11 +235,17 @@ class DataConfig(_Section):
     )
     noise_sigma: NonNegativeFloat = Field(
         0.0,
-        description="subspace data: std of the noise in the codimension (or everywhere, see ``noise``); xor data: std of the isotropic cluster noise around the four points.",
+        description=(
+            "subspace data: std of the noise in the codimension (or everywhere, see ``noise``); xor"
+            " data: std of the isotropic cluster noise around the four points."
+        ),
     )
     noise: Literal["codim", "isotropic"] = Field(
         "codim",
-        description="subspace data: codim adds noise_sigma only in the codimension, isotropic in every direction.",
+        description=(
+            "subspace data: codim adds noise_sigma only in the codimension, isotropic in every "
+            "direction."
+        ),
     )
     rotate: bool = Field(
         True,
@@ -207,66 +253,94 @@ class DataConfig(_Section):
     )
     teacher_width: PositiveInt = Field(
         4,
-        description="teacher net of the labels (teacher, subspace and symmetric data; symmetric data use its odd part, and default to tanh).",
+        description=(
+            "teacher net of the labels (teacher, subspace and symmetric data; symmetric data use "
+            "its odd part, and default to tanh)."
+        ),
     )
     teacher_activation: Literal["linear", "relu", "tanh"] | None = Field(
         None,
-        description="Activation of the teacher net; None: relu for teacher data, tanh for subspace and symmetric data.",
+        description=(
+            "Activation of the teacher net; None: relu for teacher data, tanh for subspace and "
+            "symmetric data."
+        ),
     )
     teacher_singular_values: list[PositiveFloat] | None = Field(
         None,
-        description="linear teacher with these singular values (descending), e.g. for plateau calibration.",
+        description=(
+            "linear teacher with these singular values (descending), e.g. for plateau calibration."
+        ),
     )
     whiten: bool = Field(
         False,
-        description="symmetric-type data: make the empirical input covariance (1/n) sum x x^T of the training set exactly the identity (the test set gets the same map).",
+        description=(
+            "symmetric-type data: make the empirical input covariance (1/n) sum x x^T of the "
+            "training set exactly the identity (the test set gets the same map)."
+        ),
     )
     delta: NonNegativeFloat = Field(
         0.0,
-        description="perturbed_symmetric: the last training point -x moves to -x + delta ||x|| u, u a unit vector orthogonal to x (layout paper: [1, 0] -> [1, delta]).",
+        description=(
+            "perturbed_symmetric: the last training point -x moves to -x + delta ||x|| u, u a unit "
+            "vector orthogonal to x (layout paper: [1, 0] -> [1, delta])."
+        ),
     )
     label_noise: NonNegativeFloat = Field(
         0.0,
-        description="std of Gaussian noise added to the training labels; ``label_noise_symmetric`` adds (+eps, -eps) to each (x, -x) pair, so odd labels stay odd.",
+        description=(
+            "std of Gaussian noise added to the training labels; ``label_noise_symmetric`` adds "
+            "(+eps, -eps) to each (x, -x) pair, so odd labels stay odd."
+        ),
     )
     label_noise_symmetric: bool = Field(
         False, description="Add label noise as (+eps, -eps) to each (x, -x) pair (see label_noise)."
     )
     classes: list[NonNegativeInt] | None = Field(
         None,
-        description="digits: which classes to keep (None: all ten). Two classes give ±1 labels (output_dim 1), more give one-hot labels (output_dim = number of classes).",
+        description=(
+            "digits: which classes to keep (None: all ten). Two classes give ±1 labels (output_dim "
+            "1), more give one-hot labels (output_dim = number of classes)."
+        ),
     )
     layout: Literal["random", "paper"] = Field(
         "random",
-        description="orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d, xor padded with zeros to input_dim). n_train may be any multiple of that count: the copies leave the loss (a mean over points) and so the training unchanged, and let one grid run several of these kinds with the same n_train.",
+        description=(
+            "orthogonal, xor, perturbed_symmetric: ``random`` points, or ``paper``: the exact "
+            "points of seed 004 (orthogonal: 2 points, xor: 4, perturbed_symmetric: 6; in 2-d, xor "
+            "padded with zeros to input_dim). n_train may be any multiple of that count: the copies"
+            " leave the loss (a mean over points) and so the training unchanged, and let one grid "
+            "run several of these kinds with the same n_train."
+        ),
     )
     seed: NonNegativeInt | None = Field(
         None, description="data seed; None derives it from ``train.seed``."
     )
     path: str | None = Field(
         None,
-        description="arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim (and subspace_dim with a ``subspace_basis``) come from the arrays; values given must match.",
+        description=(
+            "arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or "
+            "NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim "
+            "(and subspace_dim with a ``subspace_basis``) come from the arrays; values given must "
+            "match."
+        ),
     )
     arrays_sha256: str | None = Field(
         None,
-        description="arrays: SHA-256 of the data files, filled in on load (so the run ids follow the contents, not only the path); a value given must match the files.",
+        description=(
+            "arrays: SHA-256 of the data files, filled in on load (so the run ids follow the "
+            "contents, not only the path); a value given must match the files."
+        ),
     )
 
     @model_validator(mode="before")
     @classmethod
     def _arrays_dims(cls, raw: Any) -> Any:
         """arrays data: read and check the files; their shapes fix the sizes."""
-        if not isinstance(raw, dict):
-            return raw
-        if raw.get("kind") != "arrays":
-            if raw.get("path") is not None or raw.get("arrays_sha256") is not None:
-                raise ValueError("path and arrays_sha256 apply to data kind arrays only")
+        path = _user_file_path(raw, ("kind", "arrays"), "path", "arrays_sha256", "data kind arrays")
+        if path is None:
             return raw
         from phasesweep.pipeline.user_data import BASIS, load_arrays
 
-        path = raw.get("path")
-        if not isinstance(path, str) or not path:
-            raise ValueError("data kind arrays needs path (a .npz file or a directory)")
         arrays, sha = load_arrays(path)
         raw = dict(raw)
         dims = {
@@ -464,11 +538,16 @@ class MetricsConfig(_Section):
 
     probe_size: Annotated[int, Field(ge=1, le=512)] = Field(
         64,
-        description="probe inputs for the NTK, activation flips and output norms (first test points).",
+        description=(
+            "probe inputs for the NTK, activation flips and output norms (first test points)."
+        ),
     )
     ntk: bool = Field(
         True,
-        description="Record the empirical NTK metrics (kernel_distance, kernel_alignment, kernel_rel_change, ntk_eig_min/max).",
+        description=(
+            "Record the empirical NTK metrics (kernel_distance, kernel_alignment, "
+            "kernel_rel_change, ntk_eig_min/max)."
+        ),
     )
     top_k: Annotated[int, Field(ge=1, le=64)] = Field(
         5, description="Singular values kept per layer (top_sv, delta_top_sv)."
@@ -476,19 +555,32 @@ class MetricsConfig(_Section):
     transversal: bool = Field(True, description="Record transversal_grad_sq (subspace data only).")
     spectra: bool = Field(
         True,
-        description="per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer.",
+        description=(
+            "per-layer singular values (top_sv, delta_top_sv, stable_rank): one SVD per layer."
+        ),
     )
     linearized: bool = Field(
         True,
-        description="the kernel predictor (lin_test_loss, lin_distance): the linearized model at init trained by gradient flow to each logged time; needs ``ntk``, one output and n_train <= 512 (the train kernel's eigendecomposition, once per chunk).",
+        description=(
+            "the kernel predictor (lin_test_loss, lin_distance): the linearized model at init "
+            "trained by gradient flow to each logged time; needs ``ntk``, one output and n_train <="
+            " 512 (the train kernel's eigendecomposition, once per chunk)."
+        ),
     )
     even_part: bool | None = Field(
         None,
-        description="even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric).",
+        description=(
+            "even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric)."
+        ),
     )
     spectra_budget: PositiveFloat | None = Field(
         0.1,
-        description="most work of the singular values and the NTK eigenvalues as a fraction of the training's (both estimated from the shapes): above it they are computed at a log-spaced subset of the logged steps (the first and last always) and are NULL at the others; None: every logged step.",
+        description=(
+            "most work of the singular values and the NTK eigenvalues as a fraction of the "
+            "training's (both estimated from the shapes): above it they are computed at a "
+            "log-spaced subset of the logged steps (the first and last always) and are NULL at the "
+            "others; None: every logged step."
+        ),
     )
 
 
@@ -501,41 +593,65 @@ class AnalysisConfig(_Section):
     )
     at_time: PositiveFloat | None = Field(
         None,
-        description="gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of the regime rule are read (interpolated linearly in log t between the two logged points around it; NULL for a run that stopped before t). None: each run's last logged point. Runs compare at equal t only with this set or with equal t at the end.",
+        description=(
+            "gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of "
+            "the regime rule are read (interpolated linearly in log t between the two logged points"
+            " around it; NULL for a run that stopped before t). None: each run's last logged point."
+            " Runs compare at equal t only with this set or with equal t at the end."
+        ),
     )
     lazy_threshold: PositiveFloat = Field(
         0.1, description="runs with the order parameter below this are lazy, above it rich."
     )
     fallback_lazy_threshold: PositiveFloat | None = Field(
         None,
-        description="threshold for the other order parameter, used when ``order_parameter`` is NULL for a run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``.",
+        description=(
+            "threshold for the other order parameter, used when ``order_parameter`` is NULL for a "
+            "run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``."
+        ),
     )
     converged_loss_frac: PositiveFloat = Field(
         0.1,
-        description="a run whose final train loss is above this fraction of its initial loss is not_converged.",
+        description=(
+            "a run whose final train loss is above this fraction of its initial loss is "
+            "not_converged."
+        ),
     )
     escape_eps: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.5,
-        description="escape_time is when the loss falls for good below L0 - escape_eps * (L0 - L_end): this fraction of the run's own loss range.",
+        description=(
+            "escape_time is when the loss falls for good below L0 - escape_eps * (L0 - L_end): this"
+            " fraction of the run's own loss range."
+        ),
     )
     extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
         [0.1, 0.9], description="More eps whose escape times go to summaries.extra_escape_times."
     )
     escape_min_drop: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.05,
-        description="a run escapes only if its loss fell by at least this fraction of L0 overall; below it (a run stuck at a saddle) the escape time is NULL.",
+        description=(
+            "a run escapes only if its loss fell by at least this fraction of L0 overall; below it "
+            "(a run stuck at a saddle) the escape time is NULL."
+        ),
     )
     plateau_contrast: Annotated[float, Field(gt=1)] = Field(
         3.0,
-        description="plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must exceed the rate on the plateau by this factor (linear dynamics never accelerate).",
+        description=(
+            "plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must exceed "
+            "the rate on the plateau by this factor (linear dynamics never accelerate)."
+        ),
     )
     plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.1,
-        description="plateaus: the drop that ends a plateau lowers the loss by at least this fraction.",
+        description=(
+            "plateaus: the drop that ends a plateau lowers the loss by at least this fraction."
+        ),
     )
     plateau_min_duration_ratio: NonNegativeFloat = Field(
         0.2,
-        description="plateaus: a plateau lasts at least this fraction of the steep part of its drop.",
+        description=(
+            "plateaus: a plateau lasts at least this fraction of the steep part of its drop."
+        ),
     )
     plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = Field(
         1e-12,
@@ -555,7 +671,9 @@ class AnalysisConfig(_Section):
     )
     fit_require_plateau: bool = Field(
         True,
-        description="scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle.",
+        description=(
+            "scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle."
+        ),
     )
     fit_init_scale_max: PositiveFloat | None = Field(
         None, description="scaling fits: only runs with init_scale at most this (None: all)."
@@ -579,13 +697,18 @@ class PlotSpec(_Section):
     y: str | None = Field(None, description="runs column on the y axis (phase_diagram).")
     value: str | None = Field(
         None,
-        description="phase_diagram: the cell value, e.g. kernel_distance, param_rel_change, escape_time, loss_ratio.",
+        description=(
+            "phase_diagram: the cell value, e.g. kernel_distance, param_rel_change, escape_time, "
+            "loss_ratio."
+        ),
     )
     hue: str | None = Field(None, description="runs column that colours the curves.")
     facet: str | None = Field(None, description="one panel per value of this runs column.")
     where: str | None = Field(
         None,
-        description="SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``.",
+        description=(
+            "SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``."
+        ),
     )
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = Field(
         None,
@@ -601,18 +724,26 @@ class ExecutionConfig(_Section):
 
     max_chunk_size: PositiveInt = Field(
         1024,
-        description="most members in one chunk (one Ray trial); the memory budget may make it smaller.",
+        description=(
+            "most members in one chunk (one Ray trial); the memory budget may make it smaller."
+        ),
     )
     max_points: PositiveInt = Field(
         10**7,
-        description="most grid points (the product of the axis sizes, checked before the grid is expanded): a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once.",
+        description=(
+            "most grid points (the product of the axis sizes, checked before the grid is expanded):"
+            " a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once."
+        ),
     )
     memory_budget_mb: PositiveInt = Field(
         1024, description="memory a chunk may use for parameters, gradients and activations, MiB."
     )
     commit_every_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         300.0,
-        description="seconds of training between checkpoints of a running chunk in the store: a kill or Ctrl-C loses at most this much of its training (the next launch resumes).",
+        description=(
+            "seconds of training between checkpoints of a running chunk in the store: a kill or "
+            "Ctrl-C loses at most this much of its training (the next launch resumes)."
+        ),
     )
 
 
@@ -656,14 +787,18 @@ class SweepSpec(_Section):
     )
     plots: list[PlotSpec] | None = Field(
         None,
-        description="Figures of `phasesweep plot` and the report; None: chosen from the swept axes.",
+        description=(
+            "Figures of `phasesweep plot` and the report; None: chosen from the swept axes."
+        ),
     )
     execution: ExecutionConfig = Field(
         ExecutionConfig(), description="How points are packed into chunks (Ray trials)."
     )
     parent: str | None = Field(
         None,
-        description="the sweep this one refines (set by ``phasesweep refine``); None for a launched sweep.",
+        description=(
+            "the sweep this one refines (set by ``phasesweep refine``); None for a launched sweep."
+        ),
     )
     grid: dict[str, Any] = Field(
         {}, description="axis (short name or dotted path into model/data/train/metrics) -> values."
