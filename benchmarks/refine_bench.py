@@ -23,8 +23,8 @@ uses at most 10 % of the dense grid's runs, reaches its precision at every width
 its exponent lies inside the dense grid's interval.
 
 Full size: 5 widths (64 ... 1024) x 3 seeds; dense 101 init scales over 2 decades
-(δ = 0.02), so 1515 dense runs; coarse 3 (45 runs). That is tens of minutes of
-training on 2 cores: run it on an idle machine. ``--quick`` is a smoke run at toy
+(δ = 0.02), so 1515 dense runs; coarse 3 (45 runs). About 80 s on 2 cores (measured);
+run it on an idle machine for wall times that mean something. ``--quick`` is a smoke run at toy
 size (3 small widths, 100 steps, dense 21 points) whose figures mean nothing.
 Results go to ``benchmarks/results/{mode}.refine.json`` and ``.md``.
 """
