@@ -72,6 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from phasesweep.pipeline import activations
 from phasesweep.pipeline.seeding import generator
 from phasesweep.pipeline.spec import DataConfig
 from torch import Tensor
@@ -141,11 +142,10 @@ def teacher_fn(
         v = orthogonal_matrix(gen, d)[:, :r]
         w_star = (u * s) @ v.T
         return lambda x: x @ w_star.T
-    act = cfg.teacher_activation or default_act
+    phi = activations.get(cfg.teacher_activation or default_act).phi
     w1 = _randn(gen, cfg.teacher_width, d) / math.sqrt(d)
     w2 = _randn(gen, k, cfg.teacher_width) / math.sqrt(cfg.teacher_width)
-    phi = {"linear": lambda z: z, "relu": torch.relu, "tanh": torch.tanh}[act]
-    return lambda x: phi(x @ w1.T) @ w2.T
+    return lambda x: phi(x @ w1.T, 0.0) @ w2.T  # teacher activations take no slope
 
 
 def _cycle(t: Tensor, n: int) -> Tensor:

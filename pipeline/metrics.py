@@ -26,10 +26,12 @@ trajectories
     ``act_flip_frac``     fraction of (probe input, hidden unit) pairs, pooled over all
                           hidden layers, whose pre-activation sign (z > 0 or not) differs
                           from step 0. NaN for linear nets and depth 1 (no activation
-                          pattern exists); for tanh the sign of the pre-activation.
+                          pattern exists).
     ``dead_frac``         fraction of hidden units (pooled over hidden layers) with
-                          z ≤ 0 on every probe input. ReLU, and leaky ReLU with slope 0;
-                          NaN otherwise (a leaky unit with slope > 0 is never dead).
+                          z ≤ 0 on every probe input, where such a unit is dead
+                          (:attr:`Activation.dead <pipeline.activations.Activation>`:
+                          ReLU, and leaky ReLU with slope 0); NaN otherwise (a leaky
+                          unit with slope > 0 is never dead).
     ``transversal_grad_sq`` mean over all test inputs of ‖P⊥ ∇ₓ f(x)‖² (summed over
                           outputs), P⊥ the orthogonal projector onto the codimension of
                           subspace data (``codim_basis``); NaN without one or if
@@ -54,11 +56,12 @@ layers (l = 1 … L)
                           min(fan_out, fan_in) are NULL, and all entries at logged
                           steps that ``metrics.spectra_budget`` leaves out.
     ``stable_rank``       ‖W_l‖_F² / ‖W_l‖_2² (with the spectra).
-    ``balance_defect``    homogeneous activations (relu, leaky_relu):
+    ``balance_defect``    activations positively homogeneous of degree k (relu,
+                          leaky_relu: k = 1):
                           (c_l(t) − c_l(0)) / (‖W_l(0)‖_F² + ‖W_{l+1}(0)‖_F²),
-                          c_l = ‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖²; linear nets:
+                          c_l = k‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖²; linear nets:
                           ‖D_l(t) − D_l(0)‖_F / (same), D_l = W_{l+1}ᵀW_{l+1} − W_l W_lᵀ − b_l b_lᵀ;
-                          NaN for the last layer and for tanh.
+                          NaN for the last layer and for other activations (tanh).
 
 Cost: one probe forward, one backward per output for the NTK (O(E·P²·width) per
 layer), one test forward and backward per output for the transversal gradient,
@@ -208,22 +211,13 @@ class MetricRecorder:
         self.even = data_kind in SYMMETRIC_KINDS if even is None else even
         self.transversal = cfg.transversal and batch.codim_basis is not None
 
-        act = net.activation
-        self.has_pattern = act != "linear" and net.depth > 1
-        if act == "relu":
-            self.dead_ok: Tensor | None = torch.ones(
-                batch.x_test.shape[0], dtype=torch.bool, device=batch.x_test.device
-            )
-        elif act == "leaky_relu":
-            slope = net._slope
-            if isinstance(slope, Tensor):
-                self.dead_ok = slope.reshape(-1) == 0
-            else:
-                self.dead_ok = torch.full(
-                    (batch.x_test.shape[0],), slope == 0, device=batch.x_test.device
-                )
-        else:
-            self.dead_ok = None
+        act = net.act
+        self.has_pattern = not act.identity and net.depth > 1
+        # (E,) whether each member's units can die; None where none can
+        self.dead_ok: Tensor | None = None
+        if act.dead is not None:
+            dead = torch.as_tensor(act.dead(net.slope), device=batch.x_test.device)
+            self.dead_ok = dead.reshape(-1).expand(batch.x_test.shape[0])
 
         fwd0 = net.forward(self.params0, self.probe_x)
         self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
@@ -238,9 +232,9 @@ class MetricRecorder:
 
         # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial balance
         self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
-        self.balance0 = balance_scalar(self.params0)
+        self.balance0 = balance_scalar(self.params0, act.degree) if act.degree else None
         self.balance0_matrix = None
-        if act == "linear" and net.depth > 1:
+        if act.identity and net.depth > 1:
             self.balance0_matrix = initial_balance_matrices(self.params0)
 
         # the logged steps that get singular values and kernel eigenvalues (None: every call)
@@ -378,12 +372,12 @@ class MetricRecorder:
         defect = torch.full((E, L), float("nan"), dtype=fro.dtype, device=fro.device)
         if L < 2:
             return defect
-        act = self.net.activation
-        if act == "linear":
+        act = self.net.act
+        if act.identity:
             drift = balance_matrix_drift(params, self.params0, self.balance0_matrix)
-        elif act in ("relu", "leaky_relu"):
-            drift = balance_scalar(params) - self.balance0
-        else:  # tanh: no conserved balance
+        elif act.degree:
+            drift = balance_scalar(params, act.degree) - self.balance0
+        else:  # not homogeneous: no conserved balance
             return defect
         defect[:, :-1] = drift / torch.stack(self.balance_den, 1)
         return defect

@@ -33,11 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from phasesweep.pipeline import activations
 from phasesweep.pipeline.spec import ModelConfig
 from torch import Tensor
-
-#: Activations that are positively homogeneous of degree 1 (balance is conserved per neuron).
-HOMOGENEOUS = frozenset({"linear", "relu", "leaky_relu"})
 
 
 @dataclass
@@ -89,7 +87,8 @@ class Forward:
 class EnsembleMLP:
     """The architecture shared by every member of a chunk (shapes and code paths).
 
-    ``leaky_slope`` may differ per member: a tensor of shape (E,) or a float.
+    ``leaky_slope`` may differ per member: a tensor of shape (E,) or a float. ``act`` is
+    the activation's record, ``slope`` its parameter (:data:`activations.Slope`).
     """
 
     def __init__(
@@ -102,9 +101,9 @@ class EnsembleMLP:
         self.config = config
         self.depth = config.depth
         self.dims = [input_dim] + [config.width] * (config.depth - 1) + [output_dim]
-        self.activation = config.activation
+        self.act = activations.get(config.activation)
         slope = config.leaky_slope if leaky_slope is None else leaky_slope
-        self._slope = slope.reshape(-1, 1, 1) if isinstance(slope, Tensor) else slope
+        self.slope = slope.reshape(-1, 1, 1) if isinstance(slope, Tensor) else slope
         self.multipliers = [self._multiplier(l) for l in range(1, self.depth + 1)]
 
     def _multiplier(self, layer: int) -> float:
@@ -122,28 +121,15 @@ class EnsembleMLP:
             return 1.0 / math.sqrt(self.dims[layer - 1])
         return 1.0
 
-    # -- activations -----------------------------------------------------------------
-    def phi(self, z: Tensor) -> Tensor:
-        a = self.activation
-        if a == "linear":
-            return z
-        if a == "relu":
-            return torch.relu(z)
-        if a == "leaky_relu":
-            return torch.where(z > 0, z, z * self._slope)
-        return torch.tanh(z)
-
-    def phi_prime(self, z: Tensor, h: Tensor) -> Tensor | None:
-        """φ'(z) given z and h = φ(z); None for the identity."""
-        a = self.activation
-        if a == "linear":
-            return None
-        if a == "relu":
-            return (z > 0).to(z.dtype)
-        if a == "leaky_relu":
-            one = torch.ones((), dtype=z.dtype, device=z.device)
-            return torch.where(z > 0, one, self._slope * one)
-        return 1.0 - h * h
+    def members(self, s: int, e: int) -> EnsembleMLP:
+        """The same architecture for members ``[s, e)`` (their slopes)."""
+        slope = self.slope
+        return EnsembleMLP(
+            self.config,
+            self.dims[0],
+            self.dims[-1],
+            leaky_slope=slope.reshape(-1)[s:e] if isinstance(slope, Tensor) else slope,
+        )
 
     # -- forward / backward ----------------------------------------------------------
     def forward(self, params: Params, x: Tensor) -> Forward:
@@ -160,7 +146,7 @@ class EnsembleMLP:
                     z = z.mul_(c)
             pre.append(z)
             if l < self.depth - 1:
-                h = self.phi(z)
+                h = self.act.phi(z, self.slope)
                 post.append(h)
         return Forward(pre, post)
 
@@ -186,8 +172,7 @@ class EnsembleMLP:
                 back = torch.bmm(delta, params.weights[l])
                 if c != 1.0:
                     back.mul_(c)
-                d = self.phi_prime(fwd.pre[l - 1], fwd.post[l])
-                delta = back if d is None else back.mul_(d)
+                delta = self.act.grad(back, fwd.pre[l - 1], fwd.post[l], self.slope)
         return Params(gw, gb)
 
 
@@ -238,9 +223,11 @@ class _Block:
         dims: Sequence[int],
         s: int,
         e: int,
+        slope: activations.Slope,
     ):
         L, b = len(params.weights), e - s
         self.s, self.e = s, e
+        self.slope = slope[s:e] if isinstance(slope, Tensor) else slope
         self.w = [w[s:e] for w in params.weights]
         self.wt = [w.transpose(1, 2) for w in self.w]
         self.bias = None if params.biases is None else [v[s:e] for v in params.biases]
@@ -286,17 +273,15 @@ class EnsembleStep:
         self.block = block
         self._cache: dict[tuple, tuple[list[Tensor], list[Tensor], list[_Block]]] = {}
         self._data: tuple[tuple, list[tuple[Tensor, Tensor]]] | None = None
-        self._slope_scalar: float | None = None
-        slope = net._slope
-        if isinstance(slope, Tensor):
-            flat = slope.reshape(-1)
+        # one slope for every member is a float: the activation's in-place kernels take it
+        self._slope = net.slope
+        if isinstance(net.slope, Tensor):
+            flat = net.slope.reshape(-1)
             if flat.numel() and bool((flat == flat[0]).all()):
-                self._slope_scalar = float(flat[0])
-        else:
-            self._slope_scalar = float(slope)
+                self._slope = float(flat[0])
         self._c = tuple(net.multipliers)
-        self._phi, self._dphi = self._activations()
-        self._n_back = 2 if net.activation == "linear" else 1
+        # linear nets: δ is the back-propagated scratch itself, so two of them alternate
+        self._n_back = 2 if net.act.identity else 1
 
     def block_size(self, x: Tensor) -> int:
         """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
@@ -329,7 +314,7 @@ class EnsembleStep:
                 self._cache.clear()
         # blocks of equal size (±1), none larger than b
         blocks = [
-            _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e)
+            _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e, self._slope)
             for s, e in equal_blocks(self.E, b)
         ]
         # the cache holds the tensors themselves, so their ids cannot be reused meanwhile
@@ -345,38 +330,9 @@ class EnsembleStep:
         self._data = ((x, y, blocks), data)
         return data
 
-    # -- activations, in place -------------------------------------------------------------
-    def _activations(self):
-        """(φ in place on z, δ = back ∘ φ'(z) written over h = φ(z) where possible)."""
-        a, slope = self.net.activation, self._slope_scalar
-        if a == "relu":
-            relu_bw = torch.ops.aten.threshold_backward.grad_input
-            return (
-                lambda z, k: z.relu_(),
-                lambda back, h, k: relu_bw(back, h, 0.0, grad_input=h),
-            )
-        if a == "tanh":
-            return (
-                lambda z, k: z.tanh_(),
-                lambda back, h, k: torch.addcmul(back, back, h.square_(), value=-1.0, out=h),
-            )
-        if a == "leaky_relu":
-            # h > 0 iff z > 0 for every slope ≥ 0 (h = slope·z ≤ 0 otherwise)
-            if slope is not None:
-                return (
-                    lambda z, k: torch.nn.functional.leaky_relu_(z, slope),
-                    lambda back, h, k: torch.where(h > 0, back, back * slope),
-                )
-            slopes = self.net._slope
-            return (
-                lambda z, k: torch.where(z > 0, z, z * slopes[k.s : k.e]),
-                lambda back, h, k: torch.where(h > 0, back, back * slopes[k.s : k.e]),
-            )
-        return (lambda z, k: z), (lambda back, h, k: back)
-
     # -- one block -------------------------------------------------------------------------
     def _block(self, k: _Block, x: Tensor, y_t: Tensor, scaled: bool, grads: Params | None) -> None:
-        L, c, phi, dphi = self.net.depth, self._c, self._phi, self._dphi
+        L, c, act = self.net.depth, self._c, self.net.act
         posts = [x]
         h = x
         for l in range(L - 1):
@@ -387,7 +343,7 @@ class EnsembleStep:
                 torch.bmm(h, k.wt[l], out=z)
             else:
                 torch.baddbmm(z, h, k.wt[l], beta=0.0, alpha=c[l], out=z)
-            h = phi(z, k)
+            h = act.phi_(z, k.slope)
             posts.append(h)
         out_t = k.z[L - 1]
         h_t = k.zt[L - 2] if L > 1 and h is k.z[L - 2] else h.transpose(1, 2)
@@ -417,7 +373,7 @@ class EnsembleStep:
                 if k.bias is not None:
                     torch.sum(delta_t, 2, out=grads.biases[l][k.s : k.e])
             if back is not None:
-                delta = dphi(back, posts[l], k)
+                delta = act.grad_(back, k.z[l - 1], posts[l], k.slope)
                 delta_t = k.zt[l - 1] if delta is k.z[l - 1] else delta.transpose(1, 2)
 
     def _run(

@@ -31,14 +31,6 @@ def _gram(a: Tensor) -> Tensor:
     return torch.bmm(a, a.transpose(1, 2))
 
 
-def _through_activation(net: EnsembleMLP, back: Tensor, z: Tensor, h: Tensor) -> Tensor:
-    """back ⊙ φ'(z) as (E, n, width), given h = φ(z); ``back`` may broadcast over rows."""
-    if net.activation == "relu":
-        return torch.ops.aten.threshold_backward(back, h, 0.0)  # one pass, no mask tensor
-    d = net.phi_prime(z, h)
-    return back.expand_as(z) if d is None else d.mul_(back)
-
-
 def sensitivities(net: EnsembleMLP, params: Params, fwd: Forward) -> Iterator[list[Tensor]]:
     """For each output o, the list ``[δ^o_1, …, δ^o_L]`` of ∂f_o/∂z_l, each (E, n, n_l).
 
@@ -53,7 +45,7 @@ def sensitivities(net: EnsembleMLP, params: Params, fwd: Forward) -> Iterator[li
         out = [top.expand(E, n, k)]
         back = params.weights[L - 1][:, o : o + 1] * net.multipliers[L - 1]  # (E, 1, n_{L−1})
         for l in range(L - 1, 0, -1):
-            delta = _through_activation(net, back, fwd.pre[l - 1], fwd.post[l])
+            delta = net.act.grad(back, fwd.pre[l - 1], fwd.post[l], net.slope)  # (E, n, n_l)
             out.append(delta)
             if l > 1:
                 back = torch.bmm(delta, params.weights[l - 1])

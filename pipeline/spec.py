@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from phasesweep.pipeline import activations
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,11 +33,25 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 #: Sweep names; use ``fullmatch`` (``$`` would accept a trailing newline).
 SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 
-Activation = Literal["linear", "relu", "leaky_relu", "tanh"]
+
+def _registered_activation(name: str) -> str:
+    known = activations.names()
+    if name not in known:
+        raise PydanticCustomError(
+            "activation",
+            "not an activation{hint}; one of {known}",
+            {"hint": did_you_mean(name, known), "known": ", ".join(known)},
+        )
+    return name
+
+
+#: A name in the activation registry (:mod:`pipeline.activations`), checked when validated.
+Activation = Annotated[str, AfterValidator(_registered_activation)]
 Parameterization = Literal["standard", "ntk", "mean_field"]
 DataKind = Literal[
     "teacher",
@@ -125,7 +141,9 @@ class ModelConfig(_Section):
     )
     width: PositiveInt = Field(256, description="Units per hidden layer.")
     activation: Activation = Field(
-        "relu", description="Nonlinearity of the hidden layers (none on the output layer)."
+        "relu",
+        description="Nonlinearity of the hidden layers (none on the output layer).",
+        json_schema_extra=lambda schema: schema.update(enum=list(activations.names())),
     )
     leaky_slope: NonNegativeFloat = Field(
         0.01, description="Slope of leaky_relu for negative inputs (leaky_relu only)."

@@ -47,16 +47,16 @@ def stable_rank(fro: Tensor, top: Tensor) -> Tensor:
     return fro.square() / top.square()
 
 
-def balance_scalar(params: Params) -> Tensor:
-    """c_l = ‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖² for l = 1 … L−1: (E, L−1).
+def balance_scalar(params: Params, degree: float = 1.0) -> Tensor:
+    """c_l = k‖W_{l+1}‖_F² − ‖W_l‖_F² − ‖b_l‖² for l = 1 … L−1: (E, L−1).
 
-    Conserved by gradient flow for positively homogeneous activations (biases
-    are incoming weights of the units they feed).
+    Conserved by gradient flow for activations positively homogeneous of degree k
+    (z φ'(z) = k φ(z); biases are incoming weights of the units they feed).
     """
     w = params.weights
     cols = []
     for l in range(len(w) - 1):
-        c = member_sq_norm(w[l + 1]) - member_sq_norm(w[l])
+        c = degree * member_sq_norm(w[l + 1]) - member_sq_norm(w[l])
         if params.biases is not None:
             c = c - member_sq_norm(params.biases[l])
         cols.append(c)

@@ -476,15 +476,9 @@ def _member_blocks(make, trainer: ChunkTrainer):
     if block >= E:
         return make(trainer.net, trainer.params0, trainer.batch)
     bounds = equal_blocks(E, block)
-    slope = trainer.net._slope
     recorders = []
     for s, e in bounds:
-        net = EnsembleMLP(
-            trainer.base.model,
-            trainer.batch.input_dim,
-            trainer.batch.output_dim,
-            leaky_slope=slope.reshape(-1)[s:e] if isinstance(slope, Tensor) else slope,
-        )
+        net = trainer.net.members(s, e)
         b = trainer.batch
         batch = dataclasses.replace(
             b,

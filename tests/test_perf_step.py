@@ -75,7 +75,7 @@ def test_blocked_step_equals_reference_backward(activation, parameterization, bi
 
 def test_step_float32_and_uniform_leaky_slope():
     net, params, x, y = _net_and_params("leaky_relu", "ntk", True, 3, dtype=torch.float32)
-    net._slope = 0.1  # one slope for every member: the in-place leaky_relu_ path
+    net.slope = 0.1  # one slope for every member: the in-place leaky_relu_ path
     loss0, grads0, _ = loss_and_grads(net, params, x, y)
     loss1, grads1 = EnsembleStep(net, E, 2).loss_and_grads(params, x, y)
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
