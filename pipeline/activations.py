@@ -63,7 +63,7 @@ class Activation:
     phi: Callable[[Tensor, Slope], Tensor]
     dphi: Callable[[Tensor, Tensor, Slope], Tensor] | None
     degree: float | None = None
-    dead: Callable[[Slope], object] | None = None
+    dead: Callable[[Slope], bool | Tensor] | None = None
     grad: Callable[[Tensor, Tensor, Tensor, Slope], Tensor] | None = None
     phi_: Callable[[Tensor, Slope], Tensor] | None = None
     grad_: Callable[[Tensor, Tensor, Tensor, Slope], Tensor] | None = None
@@ -89,6 +89,7 @@ class Activation:
 
 
 def _torch():
+    """torch, for the kernels that need its namespace (see the module docstring)."""
     import torch
 
     return torch

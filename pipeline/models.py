@@ -122,7 +122,7 @@ class EnsembleMLP:
         return 1.0
 
     def members(self, s: int, e: int) -> EnsembleMLP:
-        """The same architecture for members ``[s, e)`` (their slopes)."""
+        """The same net for members ``[s, e)`` only (their slopes): metrics in blocks."""
         slope = self.slope
         return EnsembleMLP(
             self.config,

@@ -3,6 +3,9 @@ test alone (registered, validated by the spec, trained) as a new one would be.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from phasesweep.pipeline import activations
@@ -159,3 +162,14 @@ def test_balance_of_degree_k_is_conserved_by_gradient_flow(registered):
             assert linear.abs().max() <= 1e-12 * scale
         else:  # the wrong degree: the term is of the order of the gradient
             assert linear.abs().max() > 1e-3 * g.sq_norm().max()
+
+
+def test_the_spec_reads_the_registry_without_torch():
+    """The CLI validates specs before any training: the registry must not import torch."""
+    code = (
+        "import sys\n"
+        "from phasesweep.pipeline.spec import validate_spec\n"
+        "validate_spec({'name': 't', 'grid': {'activation': ['tanh', 'leaky_relu']}})\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
