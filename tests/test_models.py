@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from phasesweep.pipeline import activations
 from phasesweep.pipeline.models import EnsembleMLP, Params, loss_and_grads
 from phasesweep.pipeline.spec import ModelConfig
 
@@ -29,7 +30,7 @@ def _random_params(net: EnsembleMLP, E: int, bias: bool, gen: torch.Generator) -
     "activation,parameterization,bias,depth",
     list(
         itertools.product(
-            ["linear", "relu", "leaky_relu", "tanh"],
+            activations.names(),  # every registered activation
             ["standard", "ntk", "mean_field"],
             [False, True],
             [1, 3],

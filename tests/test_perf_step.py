@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from phasesweep.pipeline import activations
 from phasesweep.pipeline.grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.models import (
     CPU_BLOCK_BYTES,
@@ -44,7 +45,7 @@ def _net_and_params(activation, parameterization, bias, depth, dtype=torch.float
 
 CASES = list(
     itertools.product(
-        ["relu", "tanh", "leaky_relu", "linear"],
+        activations.names(),  # every registered activation
         ["standard", "ntk", "mean_field"],
         [False, True],
         [1, 2, 4],
