@@ -12,6 +12,8 @@ validates the whole spec before anything is written.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,23 +49,100 @@ SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 
 Activation = Literal["linear", "relu", "leaky_relu", "tanh"]
 Parameterization = Literal["standard", "ntk", "mean_field"]
-DataKind = Literal[
-    "teacher",
-    "subspace",
-    "symmetric",
-    "perturbed_symmetric",
-    "orthogonal",
-    "xor",
-    "digits",
-    "arrays",
-]
 
 
 #: scikit-learn's bundled digits (``load_digits``): 8x8 images, images per class 0..9.
 DIGITS_FEATURES = 64
 DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
-#: number of points of the ``layout: paper`` datasets (seed 004, all in 2-d).
-PAPER_POINTS = {"orthogonal": 2, "xor": 4, "perturbed_symmetric": 6}
+
+
+@dataclass(frozen=True)
+class DataKindFacts:
+    """What the spec knows of one ``data.kind``: the one place a kind's declarative facts
+    live (its generator is ``pipeline.datasets.GENERATORS[kind]``, a test ties the two)."""
+
+    #: one phrase for the reference ("": described with its own fields).
+    summary: str = ""
+    #: (x, -x) pairs stored consecutively with odd labels (n_train even; ``whiten`` and
+    #: ``label_noise_symmetric`` apply; ``even_part_frac`` recorded by default).
+    paired: bool = False
+    #: one label per point (±1, or an odd teacher's for random perturbed_symmetric):
+    #: output_dim must be 1.
+    scalar_labels: bool = False
+    #: ``layout: paper``: that many fixed points in 2-d (None: no paper layout) ...
+    paper_points: int | None = None
+    #: ... padded with zeros to input_dim (else input_dim must be 2).
+    paper_padded: bool = False
+    #: the kind's own checks of a config (raise ``ValueError``), after the ones above.
+    check: Callable[[DataConfig], None] | None = None
+
+
+def _check_subspace(c: DataConfig) -> None:
+    if c.subspace_dim > c.input_dim:
+        raise ValueError(f"subspace_dim {c.subspace_dim} exceeds input_dim {c.input_dim}")
+
+
+def _check_orthogonal(c: DataConfig) -> None:
+    if c.layout == "random" and c.n_train > c.input_dim:
+        raise ValueError(f"orthogonal data: n_train {c.n_train} exceeds input_dim {c.input_dim}")
+
+
+def _check_perturbed(c: DataConfig) -> None:
+    if c.layout == "random" and c.input_dim < 2:
+        raise ValueError("perturbed_symmetric data needs input_dim >= 2")
+
+
+def _check_xor(c: DataConfig) -> None:
+    if c.input_dim < 2:
+        raise ValueError("xor data needs input_dim >= 2")
+
+
+def _check_digits(c: DataConfig) -> None:
+    classes = list(range(10)) if c.classes is None else c.classes
+    if len(classes) < 2 or len(set(classes)) != len(classes) or max(classes) > 9:
+        raise ValueError(f"classes {classes}: give two or more distinct digits 0..9")
+    available = sum(DIGITS_CLASS_COUNTS[k] for k in classes)
+    if c.n_train + c.n_test > available:
+        raise ValueError(
+            f"n_train + n_test = {c.n_train + c.n_test} exceeds the "
+            f"{available} digits images of classes {classes}"
+        )
+
+
+#: data.kind -> its facts, in the order the reference lists them.
+DATA_KINDS: dict[str, DataKindFacts] = {
+    "teacher": DataKindFacts("Gaussian inputs, labels from a random teacher net"),
+    "subspace": DataKindFacts(
+        "inputs on a random subspace_dim-dimensional subspace plus noise_sigma in the codimension",
+        check=_check_subspace,
+    ),
+    "symmetric": DataKindFacts("(x, -x) pairs with odd labels", paired=True),
+    "perturbed_symmetric": DataKindFacts(
+        "symmetric with one point moved by delta",
+        paired=True,
+        scalar_labels=True,
+        paper_points=6,
+        check=_check_perturbed,
+    ),
+    "orthogonal": DataKindFacts(
+        "orthogonal inputs with ±1 labels",
+        scalar_labels=True,
+        paper_points=2,
+        check=_check_orthogonal,
+    ),
+    "xor": DataKindFacts(
+        "four clusters with XOR labels",
+        scalar_labels=True,
+        paper_points=4,
+        paper_padded=True,
+        check=_check_xor,
+    ),
+    "digits": DataKindFacts("scikit-learn's 8x8 digits", check=_check_digits),
+    "arrays": DataKindFacts(),
+}
+DataKind = Literal[tuple(DATA_KINDS)]
+#: the kinds of (x, -x) pairs.
+PAIRED_KINDS = tuple(k for k, f in DATA_KINDS.items() if f.paired)
 
 
 def _user_file_path(
@@ -184,13 +263,8 @@ class DataConfig(_Section):
 
     kind: DataKind = Field(
         "teacher",
-        description=(
-            "teacher: Gaussian inputs, labels from a random teacher net; subspace: inputs on a "
-            "random subspace_dim-dimensional subspace plus noise_sigma in the codimension; "
-            "symmetric: (x, -x) pairs with odd labels; perturbed_symmetric: symmetric with one "
-            "point moved by delta; orthogonal: orthogonal inputs with ±1 labels; xor: four clusters"
-            " with XOR labels; digits: scikit-learn's 8x8 digits."
-        ),
+        description="; ".join(f"{k}: {f.summary}" for k, f in DATA_KINDS.items() if f.summary)
+        + ".",
     )
     n_train: PositiveInt = Field(64, description="Training points (the loss is a mean over them).")
     n_test: PositiveInt = Field(
@@ -356,52 +430,31 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _kind_fits(self) -> DataConfig:
-        k, n, d = self.kind, self.n_train, self.input_dim
-        if k == "subspace" and self.subspace_dim > d:
-            raise ValueError(f"subspace_dim {self.subspace_dim} exceeds input_dim {d}")
-        paired = k in ("symmetric", "perturbed_symmetric")
-        if paired and n % 2:
+        k, n, d, facts = self.kind, self.n_train, self.input_dim, DATA_KINDS[self.kind]
+        if facts.paired and n % 2:
             raise ValueError(f"{k} data stores (x, -x) pairs: n_train {n} must be even")
         if self.whiten:
-            if not paired:
+            if not facts.paired:
                 raise ValueError(f"whiten applies to symmetric data, not {k}")
             if n // 2 < d:
                 raise ValueError(
                     f"whiten needs n_train/2 >= input_dim ({n // 2} < {d}): the covariance "
                     "of fewer pairs is singular"
                 )
-        if self.label_noise_symmetric and not paired:
+        if self.label_noise_symmetric and not facts.paired:
             raise ValueError(f"label_noise_symmetric needs (x, -x) pairs, {k} data has none")
-        if k in ("orthogonal", "xor", "perturbed_symmetric") and self.output_dim != 1:
+        if facts.scalar_labels and self.output_dim != 1:
             raise ValueError(f"{k} data has ±1 labels: output_dim must be 1")
-        if k == "orthogonal" and self.layout == "random" and n > d:
-            raise ValueError(f"orthogonal data: n_train {n} exceeds input_dim {d}")
-        if k == "perturbed_symmetric" and self.layout == "random" and d < 2:
-            raise ValueError("perturbed_symmetric data needs input_dim >= 2")
-        if k == "xor" and d < 2:
-            raise ValueError("xor data needs input_dim >= 2")
-        if self.layout == "paper" and k in PAPER_POINTS:
-            count = PAPER_POINTS[k]
-            if n % count or (d != 2 and k != "xor"):
-                raise ValueError(
-                    f"layout paper of {k} data is {count} points in 2-d: "
-                    f"n_train {n} must be a multiple of {count}"
-                    + ("" if k == "xor" else f" and input_dim {d} must be 2")
-                )
-        if k == "digits":
-            self._digits_fit()
-        return self
-
-    def _digits_fit(self) -> None:
-        classes = list(range(10)) if self.classes is None else self.classes
-        if len(classes) < 2 or len(set(classes)) != len(classes) or max(classes) > 9:
-            raise ValueError(f"classes {classes}: give two or more distinct digits 0..9")
-        available = sum(DIGITS_CLASS_COUNTS[c] for c in classes)
-        if self.n_train + self.n_test > available:
+        if facts.check is not None:
+            facts.check(self)
+        count = facts.paper_points
+        if self.layout == "paper" and count and (n % count or d != 2 and not facts.paper_padded):
             raise ValueError(
-                f"n_train + n_test = {self.n_train + self.n_test} exceeds the "
-                f"{available} digits images of classes {classes}"
+                f"layout paper of {k} data is {count} points in 2-d: "
+                f"n_train {n} must be a multiple of {count}"
+                + ("" if facts.paper_padded else f" and input_dim {d} must be 2")
             )
+        return self
 
 
 class LrScaling(_Section):
@@ -538,7 +591,7 @@ class MetricsConfig(_Section):
     even_part: bool | None = Field(
         None,
         description=(
-            "even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric)."
+            f"even_part_frac; None: only for symmetric data kinds ({', '.join(PAIRED_KINDS)})."
         ),
     )
     spectra_budget: PositiveFloat | None = Field(
