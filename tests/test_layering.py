@@ -159,3 +159,18 @@ def test_config_modules_load_neither_pandas_nor_matplotlib():
     assert config == []
     # the pipeline package itself needs numpy (grid points); nothing of the analysis' own
     assert not {"pandas", "pyarrow", "duckdb", "matplotlib", "torch", "ray"} & set(spec)
+
+
+def test_the_analysis_functions_keep_their_names_after_their_modules_load():
+    """``analysis.analyze`` and ``analysis.report`` are functions (the package is lazy, and
+    the import system binds a loaded submodule of the same name to the package)."""
+    code = (
+        "import phasesweep.analysis.analyze, phasesweep.analysis.report\n"
+        "import phasesweep.analysis as a\n"
+        "print(all(callable(f) and f.__module__.endswith('.' + f.__name__)"
+        " for f in (a.analyze, a.report)), a.draw.__name__, a.plot.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert out.stdout.split() == ["True", "draw", "plot"]
