@@ -7,6 +7,12 @@ dotted key and a bounded excerpt of the offending value (:class:`SpecError`).
 The YAML reader refuses documents nested too deeply or whose aliases expand to
 too many nodes, before building them. Nothing here touches the store; the CLI
 validates the whole spec before anything is written.
+
+The plumbing shared with the analysis (:class:`SpecError`, the YAML reader, the
+translation of validation errors, the grid's short names) is :mod:`phasesweep._config`,
+re-exported here; the ``analysis`` and ``plots`` sections are the analysis' own
+(:mod:`phasesweep.analysis.config`). Every fact of a ``data.kind`` the spec checks is
+in its :data:`DATA_KINDS` record.
 """
 
 from __future__ import annotations
