@@ -17,9 +17,47 @@ The pure cores live in :mod:`analysis.escape`, :mod:`analysis.plateaus`,
 :mod:`analysis.calibration` has closed-form loss curves with known answers.
 """
 
-from phasesweep.analysis.analyze import analyze
-from phasesweep.analysis.phase import phase_diagram_sql
-from phasesweep.analysis.plotting import draw, plot
-from phasesweep.analysis.report import report
+from __future__ import annotations
 
-__all__ = ["analyze", "draw", "phase_diagram_sql", "plot", "report"]
+import sys
+import types
+from importlib import import_module
+
+#: Public name -> the module that defines it, imported on first access: the sweep spec
+#: composes :mod:`analysis.config`, and importing it must not load pandas or matplotlib.
+_EXPORTS = {
+    "analyze": "phasesweep.analysis.analyze",
+    "draw": "phasesweep.analysis.plotting",
+    "phase_diagram_sql": "phasesweep.analysis.phase",
+    "plot": "phasesweep.analysis.plotting",
+    "report": "phasesweep.analysis.report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """This package, whose functions ``analyze`` and ``report`` share their names with
+    the submodules that define them: the import system binds a submodule to its
+    package's attribute when it first loads it, which would hide the function."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -15,27 +15,18 @@ the logged points around it; NULL for runs that stopped before it): the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 from phasesweep.analysis import series as ser
+from phasesweep.analysis.config import AnalysisConfig, StoredSweep, stored_sweep
 from phasesweep.analysis.escape import escape_times
 from phasesweep.analysis.plateaus import plateau_frame
 from phasesweep.analysis.regimes import classify
 from phasesweep.analysis.scaling import fit_scaling
-from phasesweep.pipeline.spec import (
-    SHORT_NAMES,
-    AnalysisConfig,
-    SweepSpec,
-    parse_yaml,
-    validate_spec,
-)
 from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
-
-log = logging.getLogger(__name__)
 
 RUN_COLUMNS = [
     "run_id",
@@ -64,27 +55,7 @@ TRAJECTORY_COLUMNS = [
 GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
 
 
-def load_spec(store, sweep: str) -> SweepSpec | None:
-    """The sweep's stored spec, validated, or None (none stored, or it no longer validates)."""
-    text = store.read_spec(sweep)
-    if text is None:
-        return None
-    try:
-        return validate_spec(parse_yaml(text))
-    except Exception as e:  # an old spec must not block the analysis: defaults apply
-        log.warning("stored spec of sweep %s does not validate (%s); using defaults", sweep, e)
-        return None
-
-
-def grid_axes(spec: SweepSpec | None) -> list[str]:
-    """The spec's grid axes as short names (dotted paths mapped back where they have one)."""
-    if spec is None:
-        return []
-    inverse = {v: k for k, v in SHORT_NAMES.items()}
-    return [inverse.get(k, k) for k in spec.grid]
-
-
-def fit_group_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
+def fit_group_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
     """Axes besides depth that split the scaling fits.
 
     With a spec: the grid axes among ``GROUP_AXES``. Without: the columns of
@@ -92,7 +63,7 @@ def fit_group_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
     take more than one value.
     """
     if spec is not None:
-        axes = set(grid_axes(spec))
+        axes = set(spec.grid_axes)
         return [a for a in GROUP_AXES if a in axes]
     return [a for a in GROUP_AXES if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1]
 
@@ -273,7 +244,7 @@ def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return runs, traj
 
 
-def analyze_catalog(con, sweep: str, spec: SweepSpec | None = None) -> dict[str, pa.Table]:
+def analyze_catalog(con, sweep: str, spec: StoredSweep | None = None) -> dict[str, pa.Table]:
     """The analysis tables of ``sweep`` read through a catalog connection ``con``."""
     runs, traj = read_inputs(con, sweep)
     cfg = spec.analysis if spec is not None else AnalysisConfig()
@@ -291,7 +262,7 @@ def analyze(store, sweep: str) -> dict[str, int]:
     store = store if isinstance(store, Store) else Store.open(store)
     con = open_catalog(store)
     try:
-        tables = analyze_catalog(con, sweep, load_spec(store, sweep))
+        tables = analyze_catalog(con, sweep, stored_sweep(store.read_spec(sweep), sweep))
     finally:
         con.close()
     for name, table in tables.items():

@@ -14,7 +14,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from phasesweep.pipeline.spec import SpecError
+from phasesweep._config import SpecError
 
 
 class OutputError(SpecError):

@@ -1,6 +1,6 @@
 """``phasesweep plot``: every figure the sweep's spec asks for, from the store.
 
-The spec's ``plots:`` list names the figures (see ``pipeline.spec.PlotSpec``);
+The spec's ``plots:`` list names the figures (see ``analysis.config.PlotSpec``);
 without one, every registered kind (:mod:`analysis.figures`) that applies to the
 swept axes is drawn. Unset fields of a plot are filled from the swept axes. Each
 figure is written as ``NAME.png`` and ``NAME.svg``; a figure that cannot be drawn
@@ -13,7 +13,7 @@ Entry points: :func:`plot` (the CLI's: a store in, paths out) and :func:`draw`
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,23 +25,23 @@ from matplotlib import pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from phasesweep.analysis import figures
+from phasesweep.analysis.config import PlotSpec, StoredSweep, stored_sweep
 from phasesweep.analysis.figures import Context, Unavailable
 from phasesweep.analysis.figures._kind import Y_PREFERENCE
 from phasesweep.analysis.output import prepare_dir
 from phasesweep.analysis.phase import AXES
 from phasesweep.analysis.style import save
-from phasesweep.pipeline.spec import PlotSpec, SpecError, SweepSpec, parse_yaml, validate_spec
 from phasesweep.storage.store import as_store
+
+from phasesweep._config import SpecError
 
 log = logging.getLogger(__name__)
 
 
-def swept_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
+def swept_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
     """The runs columns the sweep varies (not seed), in grid order when a spec is known."""
     if spec is not None:
-        from phasesweep.analysis.analyze import grid_axes
-
-        axes = [a for a in grid_axes(spec) if a in AXES and a != "seed" and a in runs]
+        axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in runs]
         axes = [a for a in axes if runs[a].nunique(dropna=True) > 1]
         if axes:
             return axes
@@ -49,7 +49,7 @@ def swept_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
     return [a for a in cands if a in runs and runs[a].nunique(dropna=True) > 1]
 
 
-def context(con: duckdb.DuckDBPyConnection, sweep: str, spec: SweepSpec | None) -> Context:
+def context(con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None) -> Context:
     """The sweep as the figures see it (its runs read once); ``ValueError`` if it has none."""
     runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [sweep]).df()
     if runs.empty:
@@ -80,9 +80,9 @@ def check(p: PlotSpec, index: int, ctx: Context | None = None) -> None:
             raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
 
 
-def check_plots(spec: SweepSpec) -> None:
-    """Validate the kinds and fields of ``spec.plots`` without a store (before a launch)."""
-    for i, p in enumerate(spec.plots or ()):
+def check_plots(plots: Sequence[PlotSpec] | None) -> None:
+    """Validate the kinds and fields of a spec's ``plots`` without a store (before a launch)."""
+    for i, p in enumerate(plots or ()):
         check(p, i)
 
 
@@ -164,7 +164,7 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
     from phasesweep.storage import open_catalog
 
     text = store.read_spec(sweep)
-    spec = spec_of(text, sweep)
+    spec = stored_sweep(text, sweep)
     con = open_catalog(store)
     try:
         n = con.execute("SELECT count(*) FROM summaries WHERE sweep = ?", [sweep]).fetchone()[0]
@@ -178,18 +178,6 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
         yield ctx
     finally:
         con.close()
-
-
-def spec_of(text: str | None, sweep: str) -> SweepSpec | None:
-    """The stored spec ``text`` validated, or None (none stored, or it no longer validates:
-    an old spec must not block the figures, the defaults apply)."""
-    if text is None:
-        return None
-    try:
-        return validate_spec(parse_yaml(text))
-    except Exception as e:
-        log.warning("stored spec of sweep %s does not validate (%s); using defaults", sweep, e)
-        return None
 
 
 def upload(store, sweep: str, paths: list[Path]) -> None:

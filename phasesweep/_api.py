@@ -173,7 +173,7 @@ def plan(
         cpus_per_trial=cpus_per_trial,
         extend=extend,
     )
-    check_plots(planned.spec)
+    check_plots(planned.spec.plots)
     return planned
 
 

@@ -89,7 +89,7 @@ from phasesweep.pipeline.ntk import (
     kernel_rel_change,
     sensitivities,
 )
-from phasesweep.pipeline.spec import MetricsConfig, RunConfig
+from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
 from phasesweep.pipeline.spectra import (
     balance_matrix_drift,
     balance_scalar,
@@ -108,9 +108,6 @@ _TEST_BLOCK_ELEMENTS = 1 << 17
 
 #: Most training points for the kernel predictor (one n×n eigendecomposition per member).
 LINEARIZED_MAX_TRAIN = 512
-
-#: Data kinds on which ``even_part_frac`` is recorded by default.
-SYMMETRIC_KINDS = frozenset({"symmetric", "perturbed_symmetric"})
 
 
 def probe_count(cfg: MetricsConfig, n_test: int) -> int:
@@ -208,7 +205,7 @@ class MetricRecorder:
         self.probe_y = batch.y_test[:, :P]
 
         even = cfg.even_part
-        self.even = data_kind in SYMMETRIC_KINDS if even is None else even
+        self.even = data_kind in PAIRED_KINDS if even is None else even
         self.transversal = cfg.transversal and batch.codim_basis is not None
 
         act = net.act

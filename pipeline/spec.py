@@ -7,23 +7,27 @@ dotted key and a bounded excerpt of the offending value (:class:`SpecError`).
 The YAML reader refuses documents nested too deeply or whose aliases expand to
 too many nodes, before building them. Nothing here touches the store; the CLI
 validates the whole spec before anything is written.
+
+The plumbing shared with the analysis (:class:`SpecError`, the YAML reader, the
+translation of validation errors, the grid's short names) is :mod:`phasesweep._config`,
+re-exported here; the ``analysis`` and ``plots`` sections are the analysis' own
+(:mod:`phasesweep.analysis.config`). Every fact of a ``data.kind`` the spec checks is
+in its :data:`DATA_KINDS` record.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-import reprlib
-import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from phasesweep.analysis.config import AnalysisConfig, PlotSpec
 from phasesweep.pipeline import activations
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -34,6 +38,20 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from phasesweep._config import (  # noqa: F401 - the unused ones are re-exported
+    EXCERPT_CHARS,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    SHORT_NAMES,
+    SpecError,
+    _Section,
+    did_you_mean,
+    excerpt,
+    parse_yaml,
+    raise_from_validation,
+    yaml_problem,
+)
 
 #: Sweep names; use ``fullmatch`` (``$`` would accept a trailing newline).
 SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
@@ -53,65 +71,100 @@ def _registered_activation(name: str) -> str:
 #: A name in the activation registry (:mod:`pipeline.activations`), checked when validated.
 Activation = Annotated[str, AfterValidator(_registered_activation)]
 Parameterization = Literal["standard", "ntk", "mean_field"]
-DataKind = Literal[
-    "teacher",
-    "subspace",
-    "symmetric",
-    "perturbed_symmetric",
-    "orthogonal",
-    "xor",
-    "digits",
-    "arrays",
-]
 
 
 #: scikit-learn's bundled digits (``load_digits``): 8x8 images, images per class 0..9.
 DIGITS_FEATURES = 64
 DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
-#: number of points of the ``layout: paper`` datasets (seed 004, all in 2-d).
-PAPER_POINTS = {"orthogonal": 2, "xor": 4, "perturbed_symmetric": 6}
 
 
-#: Longest excerpt of an offending value in an error message (characters).
-EXCERPT_CHARS = 80
+@dataclass(frozen=True)
+class DataKindFacts:
+    """What the spec knows of one ``data.kind``: the one place a kind's declarative facts
+    live (its generator is ``pipeline.datasets.GENERATORS[kind]``, a test ties the two)."""
 
-_EXCERPT = reprlib.Repr()
-_EXCERPT.maxlevel, _EXCERPT.maxstring, _EXCERPT.maxother = 3, EXCERPT_CHARS, EXCERPT_CHARS
+    #: one phrase for the reference ("": described with its own fields).
+    summary: str = ""
+    #: (x, -x) pairs stored consecutively with odd labels (n_train even; ``whiten`` and
+    #: ``label_noise_symmetric`` apply; ``even_part_frac`` recorded by default).
+    paired: bool = False
+    #: one label per point (±1, or an odd teacher's for random perturbed_symmetric):
+    #: output_dim must be 1.
+    scalar_labels: bool = False
+    #: ``layout: paper``: that many fixed points in 2-d (None: no paper layout) ...
+    paper_points: int | None = None
+    #: ... padded with zeros to input_dim (else input_dim must be 2).
+    paper_padded: bool = False
+    #: the kind's own checks of a config (raise ``ValueError``), after the ones above.
+    check: Callable[[DataConfig], None] | None = None
 
 
-def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
-    """``repr(value)`` cut to at most ``limit`` characters, without building the full repr.
-
-    Bounded in time and memory for any value (deep, cyclic or alias-shared structures
-    included): ``reprlib`` stops at a few levels and a few items per level.
-    """
-    return _one_line(_EXCERPT.repr(value), limit)
+def _check_subspace(c: DataConfig) -> None:
+    if c.subspace_dim > c.input_dim:
+        raise ValueError(f"subspace_dim {c.subspace_dim} exceeds input_dim {c.input_dim}")
 
 
-def _one_line(text: str, limit: int) -> str:
-    text = " ".join(text[: 4 * limit].split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _check_orthogonal(c: DataConfig) -> None:
+    if c.layout == "random" and c.n_train > c.input_dim:
+        raise ValueError(f"orthogonal data: n_train {c.n_train} exceeds input_dim {c.input_dim}")
 
 
-class SpecError(ValueError):
-    """An invalid spec or override. ``key`` is the dotted path, ``value`` what was given.
+def _check_perturbed(c: DataConfig) -> None:
+    if c.layout == "random" and c.input_dim < 2:
+        raise ValueError("perturbed_symmetric data needs input_dim >= 2")
 
-    The message is one line: the key, an excerpt of the value of at most
-    :data:`EXCERPT_CHARS` characters, and the reason.
-    """
 
-    def __init__(self, key: str, value: Any, reason: str, what: str = "spec") -> None:
-        self.key, self.value, self.reason = key, value, reason
-        super().__init__(
-            f"invalid {what}: {_one_line(str(key), 2 * EXCERPT_CHARS)} = {excerpt(value)}: "
-            f"{_one_line(str(reason), 4 * EXCERPT_CHARS)}"
+def _check_xor(c: DataConfig) -> None:
+    if c.input_dim < 2:
+        raise ValueError("xor data needs input_dim >= 2")
+
+
+def _check_digits(c: DataConfig) -> None:
+    classes = list(range(10)) if c.classes is None else c.classes
+    if len(classes) < 2 or len(set(classes)) != len(classes) or max(classes) > 9:
+        raise ValueError(f"classes {classes}: give two or more distinct digits 0..9")
+    available = sum(DIGITS_CLASS_COUNTS[k] for k in classes)
+    if c.n_train + c.n_test > available:
+        raise ValueError(
+            f"n_train + n_test = {c.n_train + c.n_test} exceeds the "
+            f"{available} digits images of classes {classes}"
         )
 
 
-class _Section(BaseModel):
-    # allow_inf_nan: every float of a spec is meant to be finite (an inf lr or init
-    # scale would only make every trial fail after the spec was stored).
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+#: data.kind -> its facts, in the order the reference lists them.
+DATA_KINDS: dict[str, DataKindFacts] = {
+    "teacher": DataKindFacts("Gaussian inputs, labels from a random teacher net"),
+    "subspace": DataKindFacts(
+        "inputs on a random subspace_dim-dimensional subspace plus noise_sigma in the codimension",
+        check=_check_subspace,
+    ),
+    "symmetric": DataKindFacts("(x, -x) pairs with odd labels", paired=True),
+    "perturbed_symmetric": DataKindFacts(
+        "symmetric with one point moved by delta",
+        paired=True,
+        scalar_labels=True,
+        paper_points=6,
+        check=_check_perturbed,
+    ),
+    "orthogonal": DataKindFacts(
+        "orthogonal inputs with ±1 labels",
+        scalar_labels=True,
+        paper_points=2,
+        check=_check_orthogonal,
+    ),
+    "xor": DataKindFacts(
+        "four clusters with XOR labels",
+        scalar_labels=True,
+        paper_points=4,
+        paper_padded=True,
+        check=_check_xor,
+    ),
+    "digits": DataKindFacts("scikit-learn's 8x8 digits", check=_check_digits),
+    "arrays": DataKindFacts(),
+}
+DataKind = Literal[tuple(DATA_KINDS)]
+#: the kinds of (x, -x) pairs.
+PAIRED_KINDS = tuple(k for k, f in DATA_KINDS.items() if f.paired)
 
 
 def _user_file_path(
@@ -234,13 +287,8 @@ class DataConfig(_Section):
 
     kind: DataKind = Field(
         "teacher",
-        description=(
-            "teacher: Gaussian inputs, labels from a random teacher net; subspace: inputs on a "
-            "random subspace_dim-dimensional subspace plus noise_sigma in the codimension; "
-            "symmetric: (x, -x) pairs with odd labels; perturbed_symmetric: symmetric with one "
-            "point moved by delta; orthogonal: orthogonal inputs with ±1 labels; xor: four clusters"
-            " with XOR labels; digits: scikit-learn's 8x8 digits."
-        ),
+        description="; ".join(f"{k}: {f.summary}" for k, f in DATA_KINDS.items() if f.summary)
+        + ".",
     )
     n_train: PositiveInt = Field(64, description="Training points (the loss is a mean over them).")
     n_test: PositiveInt = Field(
@@ -406,52 +454,31 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _kind_fits(self) -> DataConfig:
-        k, n, d = self.kind, self.n_train, self.input_dim
-        if k == "subspace" and self.subspace_dim > d:
-            raise ValueError(f"subspace_dim {self.subspace_dim} exceeds input_dim {d}")
-        paired = k in ("symmetric", "perturbed_symmetric")
-        if paired and n % 2:
+        k, n, d, facts = self.kind, self.n_train, self.input_dim, DATA_KINDS[self.kind]
+        if facts.paired and n % 2:
             raise ValueError(f"{k} data stores (x, -x) pairs: n_train {n} must be even")
         if self.whiten:
-            if not paired:
+            if not facts.paired:
                 raise ValueError(f"whiten applies to symmetric data, not {k}")
             if n // 2 < d:
                 raise ValueError(
                     f"whiten needs n_train/2 >= input_dim ({n // 2} < {d}): the covariance "
                     "of fewer pairs is singular"
                 )
-        if self.label_noise_symmetric and not paired:
+        if self.label_noise_symmetric and not facts.paired:
             raise ValueError(f"label_noise_symmetric needs (x, -x) pairs, {k} data has none")
-        if k in ("orthogonal", "xor", "perturbed_symmetric") and self.output_dim != 1:
+        if facts.scalar_labels and self.output_dim != 1:
             raise ValueError(f"{k} data has ±1 labels: output_dim must be 1")
-        if k == "orthogonal" and self.layout == "random" and n > d:
-            raise ValueError(f"orthogonal data: n_train {n} exceeds input_dim {d}")
-        if k == "perturbed_symmetric" and self.layout == "random" and d < 2:
-            raise ValueError("perturbed_symmetric data needs input_dim >= 2")
-        if k == "xor" and d < 2:
-            raise ValueError("xor data needs input_dim >= 2")
-        if self.layout == "paper" and k in PAPER_POINTS:
-            count = PAPER_POINTS[k]
-            if n % count or (d != 2 and k != "xor"):
-                raise ValueError(
-                    f"layout paper of {k} data is {count} points in 2-d: "
-                    f"n_train {n} must be a multiple of {count}"
-                    + ("" if k == "xor" else f" and input_dim {d} must be 2")
-                )
-        if k == "digits":
-            self._digits_fit()
-        return self
-
-    def _digits_fit(self) -> None:
-        classes = list(range(10)) if self.classes is None else self.classes
-        if len(classes) < 2 or len(set(classes)) != len(classes) or max(classes) > 9:
-            raise ValueError(f"classes {classes}: give two or more distinct digits 0..9")
-        available = sum(DIGITS_CLASS_COUNTS[c] for c in classes)
-        if self.n_train + self.n_test > available:
+        if facts.check is not None:
+            facts.check(self)
+        count = facts.paper_points
+        if self.layout == "paper" and count and (n % count or d != 2 and not facts.paper_padded):
             raise ValueError(
-                f"n_train + n_test = {self.n_train + self.n_test} exceeds the "
-                f"{available} digits images of classes {classes}"
+                f"layout paper of {k} data is {count} points in 2-d: "
+                f"n_train {n} must be a multiple of {count}"
+                + ("" if facts.paper_padded else f" and input_dim {d} must be 2")
             )
+        return self
 
 
 class LrScaling(_Section):
@@ -588,7 +615,7 @@ class MetricsConfig(_Section):
     even_part: bool | None = Field(
         None,
         description=(
-            "even_part_frac; None: only for symmetric data kinds (symmetric, perturbed_symmetric)."
+            f"even_part_frac; None: only for symmetric data kinds ({', '.join(PAIRED_KINDS)})."
         ),
     )
     spectra_budget: PositiveFloat | None = Field(
@@ -599,141 +626,6 @@ class MetricsConfig(_Section):
             "log-spaced subset of the logged steps (the first and last always) and are NULL at the "
             "others; None: every logged step."
         ),
-    )
-
-
-class AnalysisConfig(_Section):
-    """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
-
-    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = Field(
-        "kernel_distance",
-        description="Final value of this trajectories column decides lazy vs rich.",
-    )
-    at_time: PositiveFloat | None = Field(
-        None,
-        description=(
-            "gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of "
-            "the regime rule are read (interpolated linearly in log t between the two logged points"
-            " around it; NULL for a run that stopped before t). None: each run's last logged point."
-            " Runs compare at equal t only with this set or with equal t at the end."
-        ),
-    )
-    lazy_threshold: PositiveFloat = Field(
-        0.1, description="runs with the order parameter below this are lazy, above it rich."
-    )
-    fallback_lazy_threshold: PositiveFloat | None = Field(
-        None,
-        description=(
-            "threshold for the other order parameter, used when ``order_parameter`` is NULL for a "
-            "run (e.g. ``metrics.ntk: false``); None: the same as ``lazy_threshold``."
-        ),
-    )
-    converged_loss_frac: PositiveFloat = Field(
-        0.1,
-        description=(
-            "a run whose final train loss is above this fraction of its initial loss is "
-            "not_converged."
-        ),
-    )
-    escape_eps: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.5,
-        description=(
-            "escape_time is when the loss falls for good below L0 - escape_eps * (L0 - L_end): this"
-            " fraction of the run's own loss range."
-        ),
-    )
-    extra_escape_eps: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
-        [0.1, 0.9], description="More eps whose escape times go to summaries.extra_escape_times."
-    )
-    escape_min_drop: Annotated[float, Field(ge=0, lt=1)] = Field(
-        0.05,
-        description=(
-            "a run escapes only if its loss fell by at least this fraction of L0 overall; below it "
-            "(a run stuck at a saddle) the escape time is NULL."
-        ),
-    )
-    plateau_contrast: Annotated[float, Field(gt=1)] = Field(
-        3.0,
-        description=(
-            "plateaus: the loss-decay rate -dlogL/dt in the drop that ends a plateau must exceed "
-            "the rate on the plateau by this factor (linear dynamics never accelerate)."
-        ),
-    )
-    plateau_min_drop: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.1,
-        description=(
-            "plateaus: the drop that ends a plateau lowers the loss by at least this fraction."
-        ),
-    )
-    plateau_min_duration_ratio: NonNegativeFloat = Field(
-        0.2,
-        description=(
-            "plateaus: a plateau lasts at least this fraction of the steep part of its drop."
-        ),
-    )
-    plateau_loss_floor: Annotated[float, Field(gt=0, lt=1)] = Field(
-        1e-12,
-        description="plateaus: losses below this fraction of L0 are clipped (round-off floor).",
-    )
-    fit_min_decades: PositiveFloat = Field(
-        2.0,
-        description="scaling fits: the fitted init scales must span at least this many decades.",
-    )
-    fit_regimes: list[Literal["lazy", "rich", "not_converged"]] = Field(
-        [
-            "lazy",
-            "rich",
-            "not_converged",
-        ],
-        description="scaling fits: regimes of the runs whose escape times are fitted.",
-    )
-    fit_require_plateau: bool = Field(
-        True,
-        description=(
-            "scaling fits: only runs that left a plateau (n_plateaus >= 1), i.e. escaped a saddle."
-        ),
-    )
-    fit_init_scale_max: PositiveFloat | None = Field(
-        None, description="scaling fits: only runs with init_scale at most this (None: all)."
-    )
-    fit_confidence: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.95, description="scaling fits: confidence level of the intervals."
-    )
-
-
-class PlotSpec(_Section):
-    """One figure of ``phasesweep plot``; unset fields are chosen from the swept axes."""
-
-    kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
-        description="a figure kind registered in ``analysis.figures`` (phase_diagram, "
-        "escape_time, loss_curves, singular_values, transversal, ...); checked against the "
-        "registry before a launch and when the figures are drawn."
-    )
-    x: str | None = Field(
-        None, description="runs column on the x axis (default: from the swept axes)."
-    )
-    y: str | None = Field(None, description="runs column on the y axis (phase_diagram).")
-    value: str | None = Field(
-        None,
-        description=(
-            "phase_diagram: the cell value, e.g. kernel_distance, param_rel_change, escape_time, "
-            "loss_ratio."
-        ),
-    )
-    hue: str | None = Field(None, description="runs column that colours the curves.")
-    facet: str | None = Field(None, description="one panel per value of this runs column.")
-    where: str | None = Field(
-        None,
-        description=(
-            "SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``."
-        ),
-    )
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = Field(
-        None,
-        description="file name stem (NAME.png, NAME.svg); default: derived from kind and axes.",
-    )
-    title: str | None = Field(
-        None, description="Figure title (default: derived from kind and axes)."
     )
 
 
@@ -772,20 +664,6 @@ class RunConfig(_Section):
     data: DataConfig = Field(DataConfig(), description="The data.")
     train: TrainConfig = Field(TrainConfig(), description="The optimizer and its schedule.")
     metrics: MetricsConfig = Field(MetricsConfig(), description="What is recorded at logged steps.")
-
-
-#: Short grid names and the dotted paths they stand for.
-SHORT_NAMES: dict[str, str] = {
-    "init_scale": "model.init_scale",
-    "width": "model.width",
-    "depth": "model.depth",
-    "activation": "model.activation",
-    "leaky_slope": "model.leaky_slope",
-    "noise_sigma": "data.noise_sigma",
-    "n_train": "data.n_train",
-    "lr": "train.lr",
-    "seed": "train.seed",
-}
 
 
 class SweepSpec(_Section):
@@ -850,152 +728,6 @@ class SweepSpec(_Section):
 
     def base(self) -> RunConfig:
         return RunConfig(model=self.model, data=self.data, train=self.train, metrics=self.metrics)
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def _lookup(raw: Any, loc: tuple[Any, ...]) -> Any:
-    node = raw
-    for part in loc:
-        if (
-            isinstance(node, dict)
-            and part in node
-            or isinstance(node, list)
-            and isinstance(part, int)
-            and part < len(node)
-        ):
-            node = node[part]
-        else:
-            return None
-    return node
-
-
-def raise_from_validation(err: ValidationError, raw: Any, prefix: str = "") -> None:
-    """Re-raise pydantic's first error as a :class:`SpecError` naming key and value."""
-    first = err.errors()[0]
-    loc = tuple(p for p in first["loc"] if not str(p).startswith("function-"))
-    # strict unions report the branch type in the location; drop those tails.
-    loc = tuple(p for p in loc if p not in {"list[...]", "float", "int", "str", "bool", "none"})
-    key = prefix + _dotted(loc) if loc else prefix.rstrip(".") or "<spec>"
-    value = _lookup(raw, loc) if first["type"] != "extra_forbidden" else first.get("input")
-    reason = first["msg"]
-    if first["type"] == "extra_forbidden":
-        reason = "unknown key" + did_you_mean(
-            str(loc[-1]), _fields_at(SweepSpec, loc[:-1]), prefix + _dotted(loc[:-1])
-        )
-    raise SpecError(key, value, reason) from None
-
-
-def did_you_mean(name: str, known: typing.Iterable[str] | None, prefix: str = "") -> str:
-    """`` (did you mean PREFIX.MATCH?)`` for the known name closest to ``name``, else ``""``."""
-    match = difflib.get_close_matches(name, list(known or ()), n=1)
-    return f" (did you mean {prefix + '.' if prefix else ''}{match[0]}?)" if match else ""
-
-
-def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
-    """Field names of the section at ``loc`` below ``model`` (list indices skipped)."""
-    for part in loc:
-        if model is None:
-            return None
-        if not isinstance(part, int):
-            field = model.model_fields.get(part)
-            model = None if field is None else _model_in(field.annotation)
-    return None if model is None else list(model.model_fields)
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model in a field's annotation (``X``, ``X | None``, ``list[X]``)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if found := _model_in(arg):
-            return found
-    return None
-
-
-#: Most nesting levels of a spec's YAML (specs use a handful).
-MAX_YAML_DEPTH = 64
-#: Most nodes of a spec's YAML with every alias expanded (a "billion laughs" document
-#: holds few nodes but expands to billions: validating or printing it never ends).
-MAX_YAML_NODES = 10**6
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """A safe loader with two changes.
-
-    YAML 1.1 reads ``1e-3`` (no dot) as a string; in a spec it is a float. And while
-    composing, it counts every node's size with its aliases expanded (a node shared
-    through an alias counts each time it is used) and its depth, and stops at
-    :data:`MAX_YAML_NODES` or :data:`MAX_YAML_DEPTH` before anything is expanded:
-    the composed graph shares aliased nodes, so it stays as small as the text.
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._sizes: dict[int, int] = {}  # id(node) -> node count with aliases expanded
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        is_alias = self.check_event(yaml.AliasEvent)
-        mark = self.peek_event().start_mark
-        if self._depth >= MAX_YAML_DEPTH:
-            raise _YamlLimit(f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
-        self._depth += 1
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-        size = self._sizes.get(id(node))
-        if size is None:
-            if is_alias:  # the anchor's node is still being composed: it contains itself
-                raise _YamlLimit("an alias refers to a node that contains it", mark)
-            children = node.value if isinstance(node, yaml.SequenceNode) else ()
-            if isinstance(node, yaml.MappingNode):
-                children = [n for pair in node.value for n in pair]
-            size = self._sizes[id(node)] = 1 + sum(self._sizes[id(c)] for c in children)
-        if size > MAX_YAML_NODES:
-            raise _YamlLimit(f"its aliases expand it to more than {MAX_YAML_NODES} nodes", mark)
-        return node
-
-
-class _YamlLimit(yaml.composer.ComposerError):
-    """A document over :data:`MAX_YAML_DEPTH` or :data:`MAX_YAML_NODES`."""
-
-    def __init__(self, problem: str, mark: yaml.Mark) -> None:
-        super().__init__(None, None, problem, mark)
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """Parse spec YAML (safe; exponent floats without a dot included).
-
-    Raises ``yaml.YAMLError`` for malformed YAML and for documents over the limits
-    of :class:`_YamlLoader`; :func:`yaml_problem` words it in one line.
-    """
-    try:
-        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:  # a limit below MAX_YAML_DEPTH (deep Python stack already)
-        raise yaml.YAMLError(f"nested too deeply (over {MAX_YAML_DEPTH} levels?)") from None
-
-
-def yaml_problem(err: yaml.YAMLError) -> str:
-    """One line saying what is wrong with a YAML document and where."""
-    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
-        mark = err.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        text = f"{err.problem}{where}"
-    else:
-        text = str(err)
-    kind = "YAML refused" if isinstance(err, _YamlLimit) else "malformed YAML"
-    return f"{kind}: {' '.join(text.split())}"
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -1072,7 +804,7 @@ def validate_spec(raw: dict[str, Any]) -> SweepSpec:
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as e:
-        raise_from_validation(e, raw)
+        raise_from_validation(e, raw, SweepSpec)
         raise  # unreachable: raise_from_validation always raises
 
 

@@ -4,6 +4,8 @@ from seeds, and independence from chunk composition."""
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 import torch
@@ -426,3 +428,44 @@ def test_sgd_minibatches_keep_symmetric_pairs():
                 for row in x[e]:
                     seen[e] += (trainer.batch.x_train[e] == row).all(1).to(seen.dtype)
     assert torch.equal(seen, torch.ones(3, 32))  # every point once per epoch
+
+
+#: a valid config of every generated kind (``arrays`` reads files: test_user_data).
+_ONE_OF_EACH = {
+    "teacher": {},
+    "subspace": {},
+    "symmetric": {},
+    "perturbed_symmetric": {},
+    "orthogonal": {"n_train": 8, "n_test": 8},
+    "xor": {},
+    "digits": {"classes": [3, 8], "n_train": 40, "n_test": 20},
+}
+
+
+def test_every_kind_has_its_facts_and_a_generator():
+    from phasesweep.pipeline.datasets import GENERATORS
+    from phasesweep.pipeline.spec import DATA_KINDS, DataKind
+
+    assert list(GENERATORS) == list(DATA_KINDS) == list(typing.get_args(DataKind))
+    assert set(_ONE_OF_EACH) == set(DATA_KINDS) - {"arrays"}
+
+
+@pytest.mark.parametrize("kind", list(_ONE_OF_EACH))
+def test_the_facts_of_a_kind_hold_for_its_data(kind):
+    """What the spec validates by (pairs, one label per point, paper point counts) is what the
+    generator draws."""
+    from phasesweep.pipeline.spec import DATA_KINDS
+
+    facts = DATA_KINDS[kind]
+    ds = make_dataset(_data(kind=kind, **_ONE_OF_EACH[kind]), seed=3)
+    assert (ds.group_size == 2) == facts.paired
+    if facts.paired:
+        _assert_odd(ds.x_train, ds.y_train)
+    if facts.scalar_labels:
+        assert ds.y_train.shape[1] == 1
+    if facts.paper_points:
+        cfg = _data(kind=kind, layout="paper", n_train=2 * facts.paper_points, input_dim=2)
+        x = make_dataset(cfg, seed=0).x_train
+        assert len(torch.unique(x, dim=0)) == facts.paper_points
+        assert torch.equal(x[: facts.paper_points], x[facts.paper_points :])
+        assert set(make_dataset(cfg, seed=0).y_train.flatten().tolist()) == {-1.0, 1.0}

@@ -68,11 +68,11 @@ def test_registry_has_one_kind_per_module():
 def test_unknown_kind_is_a_spec_error_naming_the_key():
     spec = validate_spec({"name": "s", "plots": [{"kind": "loss_curves"}, {"kind": "heatmap"}]})
     with pytest.raises(SpecError) as e:
-        check_plots(spec)
+        check_plots(spec.plots)
     assert e.value.key == "plots[1].kind" and "phase_diagram" in str(e.value)
     bad_field = validate_spec({"name": "s", "plots": [{"kind": "loss_curves", "value": "x"}]})
     with pytest.raises(SpecError) as e:
-        check_plots(bad_field)
+        check_plots(bad_field.plots)
     assert e.value.key == "plots[0].value"
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
 from phasesweep.analysis.calibration import synthetic_sweep
+from phasesweep.analysis.config import PlotSpec, StoredSweep
 from phasesweep.analysis.figures import (
     escape_time_figure,
     loss_curves_figure,
@@ -18,8 +19,9 @@ from phasesweep.analysis.figures import (
 )
 from phasesweep.analysis.plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis.style import fmt, save
-from phasesweep.pipeline.spec import PlotSpec, SpecError, validate_spec
 from phasesweep.storage import Store, open_catalog
+
+from phasesweep._config import SpecError
 
 SWEEP = "figs"
 GRID = {
@@ -72,7 +74,7 @@ def test_plot_writes_every_default_figure(store, tmp_path):
 
 def test_plots_section_of_the_spec(store, tmp_path):
     analyze(store, SWEEP)
-    spec = validate_spec(
+    spec = StoredSweep.model_validate(
         {
             "name": SWEEP,
             "grid": GRID,
@@ -114,7 +116,7 @@ def test_defaults_from_swept_axes(store, tmp_path):
     con = open_catalog(store)
     analyze(store, SWEEP)
     runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [SWEEP]).df()
-    spec = validate_spec({"name": SWEEP, "grid": GRID})
+    spec = StoredSweep.model_validate({"name": SWEEP, "grid": GRID})
     axes = swept_axes(runs, spec)
     assert axes == ["init_scale", "width", "depth", "noise_sigma"]
     ctx = context(open_catalog(store), SWEEP, spec)
@@ -159,7 +161,7 @@ def test_defaults_from_swept_axes(store, tmp_path):
 )
 def test_bad_plot_specs_name_the_key(store, tmp_path, plot, key):
     analyze(store, SWEEP)
-    spec = validate_spec({"name": SWEEP, "grid": GRID, "plots": [plot]})
+    spec = StoredSweep.model_validate({"name": SWEEP, "grid": GRID, "plots": [plot]})
     with pytest.raises(SpecError) as e:
         render_all(context(open_catalog(store), SWEEP, spec), tmp_path)
     assert e.value.key == key

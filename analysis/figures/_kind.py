@@ -21,8 +21,10 @@ from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from phasesweep.analysis import style
+from phasesweep.analysis.config import AnalysisConfig, PlotSpec, StoredSweep
 from phasesweep.analysis.phase import AXES
-from phasesweep.pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
+
+from phasesweep._config import SpecError
 
 #: swept axes that may serve as second axis / hue / facet, in order of preference.
 Y_PREFERENCE = ("width", "depth", "noise_sigma", "lr", "n_train", "activation", "leaky_slope")
@@ -43,7 +45,7 @@ class Context:
 
     con: Any  # duckdb.DuckDBPyConnection
     sweep: str
-    spec: SweepSpec | None
+    spec: StoredSweep | None
     runs: pd.DataFrame
     axes: list[str]
     #: the spec as stored (YAML text), where the context was made from a store.

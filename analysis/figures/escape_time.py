@@ -13,6 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from phasesweep.analysis import style
+from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
     FigureKind,
@@ -29,7 +30,8 @@ from phasesweep.analysis.figures._kind import (
     subtitle,
 )
 from phasesweep.analysis.style import fmt, label, short_label
-from phasesweep.pipeline.spec import PlotSpec, SpecError
+
+from phasesweep._config import SpecError
 
 #: runs columns the scaling fits are grouped by (besides depth), see analysis.analyze.
 _FIT_GROUPS = ("width", "activation", "noise_sigma", "lr")

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from phasesweep.analysis import style
+from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
     FigureKind,
@@ -27,7 +28,6 @@ from phasesweep.analysis.figures._kind import (
     subtitle,
 )
 from phasesweep.analysis.style import fmt, label, short_label
-from phasesweep.pipeline.spec import PlotSpec
 
 #: at most this many hue values get a legend of their own colours; more get a colour bar.
 MAX_LEGEND_HUES = 8

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from phasesweep.analysis import style
 from phasesweep.analysis.boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
+from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Y_PREFERENCE,
     Context,
@@ -35,7 +36,8 @@ from phasesweep.analysis.figures._kind import (
 )
 from phasesweep.analysis.phase import VALUES, phase_diagram_sql
 from phasesweep.analysis.style import fmt, label, short_label
-from phasesweep.pipeline.spec import PlotSpec, SpecError
+
+from phasesweep._config import SpecError
 
 #: values that are 0 for a run that did not move: their linear scale starts at 0.
 _FROM_ZERO = ("kernel_distance", "param_rel_change", "act_flip_frac", "order_value")

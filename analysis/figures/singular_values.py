@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from phasesweep.analysis import style
+from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
     FigureKind,
@@ -29,7 +30,6 @@ from phasesweep.analysis.figures._kind import (
     subtitle,
 )
 from phasesweep.analysis.style import fmt, label, short_label
-from phasesweep.pipeline.spec import PlotSpec
 
 _RUN_AXES = ("init_scale", "depth", "width", "seed")
 
