@@ -33,7 +33,7 @@ from phasesweep.pipeline.spec import (
     parse_yaml,
     validate_spec,
 )
-from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
+from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, to_table
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +254,9 @@ def analyze_frames(
     summaries, plateaus = compute_summaries(runs, traj, cfg)
     fits = compute_fits(runs, summaries, cfg, group_axes)
     return {
-        "summaries": _to_arrow(summaries, SUMMARIES),
-        "plateaus": _to_arrow(plateaus, PLATEAUS),
-        "scaling_fits": _to_arrow(fits, SCALING_FITS),
+        "summaries": to_table("summaries", summaries, len(summaries)),
+        "plateaus": to_table("plateaus", plateaus, len(plateaus)),
+        "scaling_fits": to_table("scaling_fits", fits, len(fits)),
     }
 
 
@@ -307,22 +307,3 @@ def _col(df: pd.DataFrame, name: str) -> np.ndarray:
 
 def _none_nan(values) -> list:
     return [None if not np.isfinite(v) else float(v) for v in values]
-
-
-def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
-    arrays = []
-    for field in schema:
-        col = df[field.name] if field.name in df else pd.Series([None] * len(df))
-        if pa.types.is_list(field.type):
-            arrays.append(pa.array(list(col), type=field.type))
-            continue
-        if pa.types.is_floating(field.type):
-            values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
-            arrays.append(pa.array(values, type=field.type, from_pandas=True))
-            continue
-        values = [
-            None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
-            for v in col.tolist()
-        ]
-        arrays.append(pa.array(values, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
