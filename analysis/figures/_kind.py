@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from phasesweep.analysis import style
 from phasesweep.analysis.phase import AXES
 from phasesweep.pipeline.spec import AnalysisConfig, PlotSpec, SpecError, SweepSpec
+from phasesweep.storage.catalog import sql_string
 
 #: swept axes that may serve as second axis / hue / facet, in order of preference.
 Y_PREFERENCE = ("width", "depth", "noise_sigma", "lr", "n_train", "activation", "leaky_slope")
@@ -124,7 +125,7 @@ def py(v: Any) -> Any:
 def literal(v: Any) -> str:
     """``v`` as an SQL literal."""
     v = py(v)
-    return "'" + v.replace("'", "''") + "'" if isinstance(v, str) else repr(v)
+    return sql_string(v) if isinstance(v, str) else repr(v)
 
 
 def fixed_where(ctx: Context, free: set[str], where: str | None = None) -> str | None:
