@@ -32,8 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-#: Sweep names; use ``fullmatch`` (``$`` would accept a trailing newline).
-SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
+from phasesweep._names import SWEEP_NAME
 
 Activation = Literal["linear", "relu", "leaky_relu", "tanh"]
 Parameterization = Literal["standard", "ntk", "mean_field"]
@@ -774,7 +773,9 @@ class SweepSpec(_Section):
     """A sweep: a base config (model, data, train, metrics) and a ``grid`` of axes over it,
     with the analysis thresholds, figures and chunking that go with it."""
 
-    name: str = Field(description="The sweep's name: [a-z0-9_-]+, its partition key in the store.")
+    name: str = Field(
+        description=f"The sweep's name: {SWEEP_NAME.pattern}, its partition key in the store."
+    )
     description: str = Field("", description="Free text, shown in the report.")
     model: ModelConfig = Field(
         ModelConfig(), description="Base config of the net (grid axes override it per point)."
@@ -808,7 +809,7 @@ class SweepSpec(_Section):
     @classmethod
     def _name_is_partition_key(cls, v: str) -> str:
         if not SWEEP_NAME.fullmatch(v):
-            raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
+            raise ValueError(f"must match {SWEEP_NAME.pattern} (it names the store partition)")
         return v
 
     @model_validator(mode="after")

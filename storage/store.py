@@ -32,10 +32,11 @@ from phasesweep.storage import schema
 from phasesweep.storage.manifest import check_entry, encode_entry, manifest_entry, sort_entries
 from phasesweep.storage.writer import parquet_bytes, put_atomic
 
+from phasesweep._names import SWEEP_NAME
+
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"
 
-_SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _TABLES = schema.TABLES
 _MAGIC = b"PAR1"
@@ -438,8 +439,8 @@ def _bytes_or_raise(value: bytes | BaseException) -> bytes:
 
 def check_sweep(sweep: str) -> None:
     """``ValueError`` unless ``sweep`` is a valid sweep name."""
-    if not _SWEEP_NAME.fullmatch(sweep):
-        raise ValueError(f"sweep name {sweep!r} must match {_SWEEP_NAME.pattern}")
+    if not SWEEP_NAME.fullmatch(sweep):
+        raise ValueError(f"sweep name {sweep!r} must match {SWEEP_NAME.pattern}")
 
 
 def _sweep_of(path: str) -> str:
