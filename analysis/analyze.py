@@ -33,7 +33,7 @@ from phasesweep.pipeline.spec import (
     parse_yaml,
     validate_spec,
 )
-from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, to_table
+from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, FIT_GROUP_COLUMNS, to_table
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ TRAJECTORY_COLUMNS = [
     "lin_test_loss",
     "lin_distance",
 ]
-#: runs columns (besides depth) that split scaling fits when they are grid axes.
-GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
 
 
 def load_spec(store, sweep: str) -> SweepSpec | None:
@@ -87,14 +85,16 @@ def grid_axes(spec: SweepSpec | None) -> list[str]:
 def fit_group_axes(runs: pd.DataFrame, spec: SweepSpec | None) -> list[str]:
     """Axes besides depth that split the scaling fits.
 
-    With a spec: the grid axes among ``GROUP_AXES``. Without: the columns of
-    ``GROUP_AXES`` except ``lr`` (which may be derived from the init scale) that
+    With a spec: the grid axes among ``FIT_GROUP_COLUMNS``. Without: the columns of
+    ``FIT_GROUP_COLUMNS`` except ``lr`` (which may be derived from the init scale) that
     take more than one value.
     """
     if spec is not None:
         axes = set(grid_axes(spec))
-        return [a for a in GROUP_AXES if a in axes]
-    return [a for a in GROUP_AXES if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1]
+        return [a for a in FIT_GROUP_COLUMNS if a in axes]
+    return [
+        a for a in FIT_GROUP_COLUMNS if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1
+    ]
 
 
 def compute_summaries(

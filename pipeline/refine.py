@@ -66,8 +66,6 @@ from phasesweep.storage import Store, open_catalog, schema
 REPLICATE_AXES = ("train.seed", "data.seed")
 #: runs columns that are axes, not metrics.
 _NOT_METRICS = {"init_scale", "noise_sigma", "lr", "leaky_slope", "lr_effective"}
-#: typed line columns of ``boundaries``: short axis names, NULL where not a line axis.
-_LINE_COLUMNS = ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
 
 
 def metric_columns() -> dict[str, str]:
@@ -592,7 +590,7 @@ def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
             "n_refine_runs": refined[line],
             "seed_boundaries": None,
         }
-        for col in _LINE_COLUMNS:
+        for col in schema.LINE_COLUMNS:
             key = next((k for k in p.line_coords[line] if axis_path(k) == SHORT_NAMES[col]), None)
             row[col] = p.line_coords[line][key] if key else None
         if b is not None:

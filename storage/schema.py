@@ -31,6 +31,14 @@ CROSSING_COLUMNS: tuple[str, ...] = tuple(
 ESCAPE_EPS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9)
 ESCAPE_COLUMNS: tuple[str, ...] = tuple(f"escape_time_{round(e * 100):03d}" for e in ESCAPE_EPS)
 
+#: ``runs`` columns besides depth that split the scaling fits where they are grid axes;
+#: ``scaling_fits`` holds the group's value of each (NULL: not a grid axis).
+FIT_GROUP_COLUMNS: tuple[str, ...] = ("width", "activation", "noise_sigma", "lr")
+
+#: ``runs`` columns that ``boundaries`` holds typed, the line's value of each (NULL: not
+#: an axis of the line).
+LINE_COLUMNS: tuple[str, ...] = ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
+
 RUNS = pa.schema(
     [
         ("run_id", pa.string()),
@@ -612,10 +620,7 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         "axis": ColumnDoc("the searched grid axis (as the parent's grid names it)"),
         "axis_scale": ColumnDoc("'log' (searched in log10) | 'linear'"),
         "line": ColumnDoc("JSON of the line's values of the other grid axes"),
-        **{
-            k: ColumnDoc(f"the line's {k}", "", "not an axis of the line")
-            for k in ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
-        },
+        **{k: ColumnDoc(f"the line's {k}", "", "not an axis of the line") for k in LINE_COLUMNS},
         "boundary": ColumnDoc(
             "where the seed-mean metric crosses the level, interpolated in the bracket",
             "axis unit",
