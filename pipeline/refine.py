@@ -631,9 +631,7 @@ def write_boundaries(p: Plan, study: optuna.Study) -> pd.DataFrame:
     """Rewrite the child's ``boundaries`` partition with this study's rows (rows of the
     child's other studies, other levels or axes, are kept)."""
     rows = boundary_rows(p, study)
-    table = pa.Table.from_pandas(
-        rows.reindex(columns=schema.BOUNDARIES.names), preserve_index=False
-    )
+    table = schema.to_table("boundaries", rows, len(rows))
     old = p.store.files("boundaries", p.child)
     if old:
         import pyarrow.dataset as ds
@@ -646,6 +644,6 @@ def write_boundaries(p: Plan, study: optuna.Study) -> pd.DataFrame:
             & (prev_df["axis"] == p.axis_key)
         )
         keep = prev.filter(pa.array(~same.to_numpy()))
-        table = pa.concat_tables([keep.cast(schema.BOUNDARIES), table.cast(schema.BOUNDARIES)])
+        table = pa.concat_tables([schema.to_table("boundaries", keep), table])
     p.store.write_analysis(p.child, "boundaries", table)
     return rows
