@@ -273,8 +273,8 @@ class Store:
         ``runs`` is required and non-empty with distinct run_ids; ``trajectories``
         and ``layers`` may be absent or empty, and may only hold runs of ``runs``.
         The store sets ``attempt`` (a fresh id per call) in every table, overwriting
-        any values given, and ``chunk_id`` in ``runs`` where the column is absent; a
-        ``chunk_id`` column that names another chunk is a ``ValueError``.
+        any values given, and ``chunk_id`` in ``runs`` where it is absent or NULL; a
+        ``chunk_id`` that names another chunk is a ``ValueError``.
 
         All tables are validated before anything is written. Then every table goes
         to its own file atomically, ``runs`` last: the ``runs`` file is the commit,
@@ -293,14 +293,13 @@ class Store:
             raise ValueError("write_chunk needs a non-empty 'runs' table: it is the commit")
         runs = tables["runs"]
         if "chunk_id" in runs.column_names:
-            other = set(runs.column("chunk_id").to_pylist()) - {chunk_id}
+            other = set(runs.column("chunk_id").to_pylist()) - {chunk_id, None}
             if other:
                 raise ValueError(
-                    f"runs.chunk_id: rows of chunk {sorted(other, key=str)[:3]} "
+                    f"runs.chunk_id: rows of chunk {sorted(other)[:3]} "
                     f"given to write_chunk of chunk {chunk_id!r}"
                 )
-        else:
-            tables = {**tables, "runs": _set(runs, "chunk_id", chunk_id)}
+        tables = {**tables, "runs": _set(runs, "chunk_id", chunk_id)}  # where absent or NULL
         attempt = uuid.uuid4().hex[:12]
         ready = {}
         for name in schema.CHUNK_TABLES:  # runs last

@@ -171,14 +171,17 @@ def test_runs_rows_are_assembled_once_with_chunk_and_node(tmp_path):
 
 def test_store_fills_an_absent_chunk_id_and_rejects_another(tmp_path, store_make_chunk):
     store = Store.open(str(tmp_path))
-    store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+    store.write_chunk("s", "c0", store_make_chunk(["r1"]))  # absent
+    null = store_make_chunk(["r0"])
+    null["runs"] = null["runs"].append_column("chunk_id", pa.nulls(1, pa.string()))
+    store.write_chunk("s", "cn", null)  # NULL
     tables = store_make_chunk(["r2"])
     tables["runs"] = tables["runs"].append_column("chunk_id", pa.array(["c9"]))
     with pytest.raises(ValueError, match=r"runs\.chunk_id: rows of chunk \['c9'\]"):
         store.write_chunk("s", "c1", tables)
     store.write_chunk("s", "c9", tables)
     got = open_catalog(store).sql("SELECT run_id, chunk_id FROM runs ORDER BY run_id")
-    assert got.fetchall() == [("r1", "c0"), ("r2", "c9")]
+    assert got.fetchall() == [("r0", "cn"), ("r1", "c0"), ("r2", "c9")]
 
 
 def _log_steps_by_hand(steps: int, log_points: int) -> list[int]:
