@@ -26,7 +26,12 @@ from phasesweep.analysis.escape import escape_times
 from phasesweep.analysis.plateaus import plateau_frame
 from phasesweep.analysis.regimes import classify
 from phasesweep.analysis.scaling import fit_scaling
-from phasesweep.storage.schema import ESCAPE_COLUMNS, ESCAPE_EPS, PLATEAUS, SCALING_FITS, SUMMARIES
+from phasesweep.storage.schema import (
+    ESCAPE_COLUMNS,
+    ESCAPE_EPS,
+    FIT_GROUP_COLUMNS,
+    to_table,
+)
 
 RUN_COLUMNS = [
     "run_id",
@@ -51,21 +56,21 @@ TRAJECTORY_COLUMNS = [
     "lin_test_loss",
     "lin_distance",
 ]
-#: runs columns (besides depth) that split scaling fits when they are grid axes.
-GROUP_AXES = ("width", "activation", "noise_sigma", "lr")
 
 
 def fit_group_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
     """Axes besides depth that split the scaling fits.
 
-    With a spec: the grid axes among ``GROUP_AXES``. Without: the columns of
-    ``GROUP_AXES`` except ``lr`` (which may be derived from the init scale) that
+    With a spec: the grid axes among ``FIT_GROUP_COLUMNS``. Without: the columns of
+    ``FIT_GROUP_COLUMNS`` except ``lr`` (which may be derived from the init scale) that
     take more than one value.
     """
     if spec is not None:
         axes = set(spec.grid_axes)
-        return [a for a in GROUP_AXES if a in axes]
-    return [a for a in GROUP_AXES if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1]
+        return [a for a in FIT_GROUP_COLUMNS if a in axes]
+    return [
+        a for a in FIT_GROUP_COLUMNS if a != "lr" and a in runs and runs[a].nunique(dropna=True) > 1
+    ]
 
 
 def compute_summaries(
@@ -225,9 +230,9 @@ def analyze_frames(
     summaries, plateaus = compute_summaries(runs, traj, cfg)
     fits = compute_fits(runs, summaries, cfg, group_axes)
     return {
-        "summaries": _to_arrow(summaries, SUMMARIES),
-        "plateaus": _to_arrow(plateaus, PLATEAUS),
-        "scaling_fits": _to_arrow(fits, SCALING_FITS),
+        "summaries": to_table("summaries", summaries, len(summaries)),
+        "plateaus": to_table("plateaus", plateaus, len(plateaus)),
+        "scaling_fits": to_table("scaling_fits", fits, len(fits)),
     }
 
 
@@ -278,22 +283,3 @@ def _col(df: pd.DataFrame, name: str) -> np.ndarray:
 
 def _none_nan(values) -> list:
     return [None if not np.isfinite(v) else float(v) for v in values]
-
-
-def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
-    arrays = []
-    for field in schema:
-        col = df[field.name] if field.name in df else pd.Series([None] * len(df))
-        if pa.types.is_list(field.type):
-            arrays.append(pa.array(list(col), type=field.type))
-            continue
-        if pa.types.is_floating(field.type):
-            values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
-            arrays.append(pa.array(values, type=field.type, from_pandas=True))
-            continue
-        values = [
-            None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
-            for v in col.tolist()
-        ]
-        arrays.append(pa.array(values, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)

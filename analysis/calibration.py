@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+from phasesweep.storage.schema import log_steps
 from scipy import integrate
 
 if TYPE_CHECKING:
@@ -37,9 +38,9 @@ if TYPE_CHECKING:
 
 
 def logged_times(lr: float, steps: int, log_points: int = 100) -> np.ndarray:
-    """Gradient-flow times of log-spaced logged steps (step 0 and the last included)."""
-    st = np.unique(np.round(np.logspace(0, np.log10(steps), log_points - 1)).astype(np.int64))
-    return np.concatenate([[0], st]) * lr
+    """Gradient-flow times of the steps the trainer logs (``storage.schema.log_steps``: step 0
+    and the last included) at constant ``lr``."""
+    return log_steps(steps, log_points) * lr
 
 
 def logistic_mode(t: np.ndarray, s: float, u0: float, rate: float | None = None) -> np.ndarray:
@@ -125,19 +126,6 @@ def lazy_loss(t: np.ndarray, rates: Sequence[float], weights: Sequence[float]) -
     return sum(c * np.exp(-2.0 * lam * t) for lam, c in zip(rates, weights))
 
 
-def _table(schema, columns: dict) -> pa.Table:
-    import pyarrow as pa
-
-    n = len(next(iter(columns.values())))
-    arrays = []
-    for field in schema:
-        if field.name in columns:
-            arrays.append(pa.array(columns[field.name], type=field.type))
-        else:
-            arrays.append(pa.nulls(n, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
 def synthetic_sweep(
     init_scales: Sequence[float] = tuple(np.logspace(-3, 0, 7)),
     widths: Sequence[int] = (16, 64, 256),
@@ -165,7 +153,7 @@ def synthetic_sweep(
     """
     import json
 
-    from phasesweep.storage.schema import LAYERS, RUNS, TRAJECTORIES
+    from phasesweep.storage.schema import to_table
 
     t = logged_times(lr, steps, log_points)
     step = np.round(t / lr).astype(np.int64)
@@ -287,7 +275,7 @@ def synthetic_sweep(
                                 [float(a), float(a) * 1e-3, float(a) * 1e-4] for a in lead
                             ]
     return {
-        "runs": _table(RUNS, runs),
-        "trajectories": _table(TRAJECTORIES, traj),
-        "layers": _table(LAYERS, layers),
+        "runs": to_table("runs", runs),
+        "trajectories": to_table("trajectories", traj),
+        "layers": to_table("layers", layers),
     }

@@ -6,6 +6,8 @@ quoted (README) and run by hand: ``phasesweep query "$(python -c ...)"``.
 
 from __future__ import annotations
 
+from phasesweep.storage.catalog import sql_string
+
 #: Phase-diagram values: name -> column of ``summaries`` (final values per run).
 VALUES: dict[str, str] = {
     "kernel_distance": "final_kernel_distance",
@@ -37,10 +39,6 @@ AXES = (
 )
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def phase_diagram_sql(
     sweep: str,
     x: str = "init_scale",
@@ -66,10 +64,10 @@ def phase_diagram_sql(
     col = VALUES[value]
     keys = ([f"r.{facet} AS facet"] if facet else []) + [f"r.{x} AS x", f"r.{y} AS y"]
     group = (["facet"] if facet else []) + ["x", "y"]
-    cond = f"r.sweep = {_quote(sweep)}"
+    cond = f"r.sweep = {sql_string(sweep)}"
     if where:
         cond += (
-            f"\n  AND r.run_id IN (SELECT run_id FROM runs WHERE sweep = {_quote(sweep)}"
+            f"\n  AND r.run_id IN (SELECT run_id FROM runs WHERE sweep = {sql_string(sweep)}"
             f" AND ({where}))"
         )
     return (

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 from phasesweep.analysis.style import fmt
+from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin: 2em auto;
@@ -113,7 +114,7 @@ def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
     for f in fits.sort_values(["depth", "x"]).itertuples(index=False):
         group = ", ".join(
             f"{c} {fmt(getattr(f, c))}"
-            for c in ("width", "activation", "noise_sigma", "lr")
+            for c in FIT_GROUP_COLUMNS
             if getattr(f, c) is not None and not pd.isna(getattr(f, c))
         )
         y = "log t" if f.y == "log_escape_time" else "t"

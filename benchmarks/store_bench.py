@@ -31,23 +31,11 @@ ORDER BY r.init_scale, r.width
 _NULL_TRAJ = {"transversal_grad_sq", "even_part_frac"}  # teacher data: not recorded
 
 
-def _table(schema: pa.Schema, columns: dict[str, Any], n: int) -> pa.Table:
-    arrays = []
-    for f in schema:
-        if f.name == "attempt":
-            continue  # the store sets it
-        if f.name in columns:
-            arrays.append(pa.array(columns[f.name], type=f.type))
-        else:
-            arrays.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(arrays, names=[f.name for f in schema if f.name != "attempt"])
-
-
 def synthetic_chunk(
     first_run: int, n_runs: int, steps: int, log_points: int, rng: np.random.Generator
 ) -> dict[str, pa.Table]:
     """``runs`` and ``trajectories`` of ``n_runs`` runs with ids from ``first_run`` on."""
-    from phasesweep.pipeline.trainer import log_steps
+    from phasesweep.storage.schema import log_steps
 
     logged = log_steps(steps, log_points)
     k = len(logged)
@@ -99,8 +87,8 @@ def synthetic_chunk(
         "final_train_loss": train[k - 1 :: k],
     }
     return {
-        "trajectories": _table(S.TRAJECTORIES, traj, n_runs * k),
-        "runs": _table(S.RUNS, runs, n_runs),
+        "trajectories": S.to_table("trajectories", traj, n_runs * k),
+        "runs": S.to_table("runs", runs, n_runs),
     }
 
 
@@ -115,7 +103,7 @@ def store_benchmark(
 ) -> dict[str, Any]:
     """Write ``rows`` trajectory rows in chunks of about ``chunk_rows`` to a store at
     ``root``, then time the phase-diagram aggregate over them."""
-    from phasesweep.pipeline.trainer import log_steps
+    from phasesweep.storage.schema import log_steps
 
     rng = np.random.default_rng(seed)
     store = Store.open(root)

@@ -250,7 +250,8 @@ def plain_train(config: RunConfig, report=None) -> float:
     from phasesweep.pipeline.datasets import data_seed, make_dataset
     from phasesweep.pipeline.init import init_params
     from phasesweep.pipeline.models import EnsembleMLP
-    from phasesweep.pipeline.trainer import log_steps, member_lr
+    from phasesweep.pipeline.trainer import member_lr
+    from phasesweep.storage.schema import log_steps
 
     ds = make_dataset(config.data, data_seed(config.data, config.train.seed))
     x, y = ds.x_train.to(torch.float64), ds.y_train.to(torch.float64)
@@ -398,6 +399,6 @@ def grid_points(spec: SweepSpec) -> list[Point]:
 
 
 def log_steps_of(spec: SweepSpec) -> np.ndarray:
-    from phasesweep.pipeline.trainer import log_steps
+    from phasesweep.storage.schema import log_steps
 
     return log_steps(spec.train.steps, spec.train.log_points)

@@ -274,21 +274,18 @@ def table(
     ``duckdb.Error``; statements that are not read-only ``ReadOnlyQueryError``.
     """
     from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage.catalog import sql_string
 
     if name_or_sql in TABLES:
         sql = f"FROM {name_or_sql}"
         if sweep is not None:
             _sweep_store(sweep, store)
-            sql += " WHERE sweep = " + _quote(sweep)
+            sql += " WHERE sweep = " + sql_string(sweep)
     elif sweep is not None:
         raise SpecError("sweep", sweep, "only applies to a table name, not to SQL", "argument")
     else:
         sql = name_or_sql
     return arrow_table(sql, store).to_pandas()
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def phase_diagram(

@@ -57,10 +57,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from phasesweep.pipeline.grid import Chunk, Point
+from phasesweep.pipeline.runs import runs_table
 from phasesweep.pipeline.spec import RunConfig, SpecError
 from phasesweep.storage import Store
 from phasesweep.storage.claims import Claims, Renewer
-from phasesweep.storage.schema import RUNS
 from tqdm.auto import tqdm
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
@@ -231,7 +231,11 @@ def train_and_store(
             summary["resumed"] = 0 if resume is None else len(mine)
             try:
                 tables = train_chunk(
-                    Chunk(chunk.chunk_id, tuple(mine)), device, hook=hook, resume=resume
+                    Chunk(chunk.chunk_id, tuple(mine)),
+                    device,
+                    hook=hook,
+                    resume=resume,
+                    node_id=node_id,
                 )
             except Stopped:
                 summary["interrupted"] = True
@@ -243,13 +247,7 @@ def train_and_store(
                     k: t.filter(pc.is_in(t.column("run_id"), keep)) for k, t in tables.items()
                 }
                 summary["busy"] += len(mine) - len(owned)
-            runs = tables["runs"]
-            if runs.num_rows:
-                tables["runs"] = runs.set_column(
-                    runs.schema.get_field_index("node_id"),
-                    "node_id",
-                    pa.array([node_id] * runs.num_rows, pa.string()),
-                )
+            if tables["runs"].num_rows:
                 store.write_chunk(sweep, chunk.chunk_id, tables)
             with contextlib.suppress(FileNotFoundError):
                 store.fs.rm_file(checkpoint)
@@ -299,16 +297,13 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     """``runs`` rows with status 'failed' for points whose trial failed after retries."""
     from datetime import datetime, timezone
 
-    from phasesweep.pipeline.trainer import point_columns, table_of
-
     n = len(points)
-    cols = point_columns(points, chunk_id)
-    cols.update(
-        status=["failed"] * n,
-        finished_at=[datetime.now(timezone.utc)] * n,
-        error=[error[-2000:]] * n,
-    )
-    return table_of(RUNS, cols, n)
+    outcome = {
+        "status": ["failed"] * n,
+        "finished_at": [datetime.now(timezone.utc)] * n,
+        "error": [error[-2000:]] * n,
+    }
+    return runs_table(points, chunk_id, None, outcome)
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -475,11 +475,18 @@ def member_bytes(config: RunConfig) -> int:
 
 
 def flops_per_step(config: RunConfig) -> float:
-    """Training FLOPs of one member per step: forward 2, backward 4 per weight per sample."""
+    """Training FLOPs of one member per step (see :func:`step_flops`)."""
     m, d, t = config.model, config.data, config.train
     dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
-    batch = t.batch_size if t.optimizer == "sgd" else d.n_train
-    return 6.0 * batch * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+    return step_flops(dims, t.batch_size if t.optimizer == "sgd" else d.n_train)
+
+
+def step_flops(dims: Sequence[int], rows: int) -> float:
+    """FLOPs of one training step of one member: forward 2, backward 4 per weight per row.
+
+    ``dims``: layer widths from input to output; ``rows``: the samples the step sees
+    (the minibatch for SGD, the training set for GD)."""
+    return 6.0 * rows * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
 
 
 def make_chunks(points: Sequence[Point], spec: SweepSpec, min_chunks: int = 1) -> list[Chunk]:

@@ -44,6 +44,7 @@ from phasesweep.pipeline.spec import (
     parse_yaml,
     validate_spec,
 )
+from phasesweep.storage.catalog import sql_string
 from phasesweep.storage.store import Store, as_store
 
 #: What a spec can be given as: a YAML file, a raw dict (as in YAML), or a validated spec.
@@ -292,7 +293,7 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
     from phasesweep.storage import run_query
 
     store = as_store(store)
-    where = "" if sweep is None else "WHERE sweep = '" + sweep.replace("'", "''") + "'"
+    where = "" if sweep is None else f"WHERE sweep = {sql_string(sweep)}"
     _, rows = run_query(
         store,
         f"SELECT sweep, status, count(*) AS runs FROM runs {where} "

@@ -79,6 +79,7 @@ from collections.abc import Sequence
 
 import torch
 from phasesweep.pipeline.datasets import DataBatch
+from phasesweep.pipeline.grid import step_flops
 from phasesweep.pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
 from phasesweep.pipeline.ntk import (
     KernelFlow,
@@ -255,7 +256,7 @@ class MetricRecorder:
         """The recorder of a chunk whose members share ``config``'s shapes."""
         t = config.train
         rows = t.batch_size if t.optimizer == "sgd" else batch.x_train.shape[1]
-        per_step = 6.0 * rows * sum(a * b for a, b in zip(net.dims[:-1], net.dims[1:]))
+        per_step = step_flops(net.dims, rows)
         return cls(
             net,
             params0,

@@ -66,8 +66,6 @@ from phasesweep.storage import Store, open_catalog, schema
 REPLICATE_AXES = ("train.seed", "data.seed")
 #: runs columns that are axes, not metrics.
 _NOT_METRICS = {"init_scale", "noise_sigma", "lr", "leaky_slope", "lr_effective"}
-#: typed line columns of ``boundaries``: short axis names, NULL where not a line axis.
-_LINE_COLUMNS = ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
 
 
 def metric_columns() -> dict[str, str]:
@@ -592,7 +590,7 @@ def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
             "n_refine_runs": refined[line],
             "seed_boundaries": None,
         }
-        for col in _LINE_COLUMNS:
+        for col in schema.LINE_COLUMNS:
             key = next((k for k in p.line_coords[line] if axis_path(k) == SHORT_NAMES[col]), None)
             row[col] = p.line_coords[line][key] if key else None
         if b is not None:
@@ -633,9 +631,7 @@ def write_boundaries(p: Plan, study: optuna.Study) -> pd.DataFrame:
     """Rewrite the child's ``boundaries`` partition with this study's rows (rows of the
     child's other studies, other levels or axes, are kept)."""
     rows = boundary_rows(p, study)
-    table = pa.Table.from_pandas(
-        rows.reindex(columns=schema.BOUNDARIES.names), preserve_index=False
-    )
+    table = schema.to_table("boundaries", rows, len(rows))
     old = p.store.files("boundaries", p.child)
     if old:
         import pyarrow.dataset as ds
@@ -648,6 +644,6 @@ def write_boundaries(p: Plan, study: optuna.Study) -> pd.DataFrame:
             & (prev_df["axis"] == p.axis_key)
         )
         keep = prev.filter(pa.array(~same.to_numpy()))
-        table = pa.concat_tables([keep.cast(schema.BOUNDARIES), table.cast(schema.BOUNDARIES)])
+        table = pa.concat_tables([schema.to_table("boundaries", keep), table])
     p.store.write_analysis(p.child, "boundaries", table)
     return rows

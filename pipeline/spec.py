@@ -17,7 +17,6 @@ in its :data:`DATA_KINDS` record.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +51,7 @@ from phasesweep._config import (  # noqa: F401 - the unused ones are re-exported
     raise_from_validation,
     yaml_problem,
 )
-
-#: Sweep names; use ``fullmatch`` (``$`` would accept a trailing newline).
-SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
+from phasesweep._names import SWEEP_NAME
 
 
 def _registered_activation(name: str) -> str:
@@ -670,7 +667,9 @@ class SweepSpec(_Section):
     """A sweep: a base config (model, data, train, metrics) and a ``grid`` of axes over it,
     with the analysis thresholds, figures and chunking that go with it."""
 
-    name: str = Field(description="The sweep's name: [a-z0-9_-]+, its partition key in the store.")
+    name: str = Field(
+        description=f"The sweep's name: {SWEEP_NAME.pattern}, its partition key in the store."
+    )
     description: str = Field("", description="Free text, shown in the report.")
     model: ModelConfig = Field(
         ModelConfig(), description="Base config of the net (grid axes override it per point)."
@@ -704,7 +703,7 @@ class SweepSpec(_Section):
     @classmethod
     def _name_is_partition_key(cls, v: str) -> str:
         if not SWEEP_NAME.fullmatch(v):
-            raise ValueError("must match [a-z0-9_-]+ (it names the store partition)")
+            raise ValueError(f"must match {SWEEP_NAME.pattern} (it names the store partition)")
         return v
 
     @model_validator(mode="after")

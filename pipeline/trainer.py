@@ -30,25 +30,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 from phasesweep.pipeline.datasets import DataBatch, data_seed, make_dataset, stack
-from phasesweep.pipeline.grid import Chunk, Point, member_lr
+from phasesweep.pipeline.grid import Chunk, member_lr
 from phasesweep.pipeline.init import init_params
 from phasesweep.pipeline.metrics import MetricRecorder, probe_count
 from phasesweep.pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
+from phasesweep.pipeline.runs import runs_table
 from phasesweep.pipeline.seeding import derive_seed, permutations
-from phasesweep.storage.schema import (
-    CROSSING_COLUMNS,
-    CROSSING_FRACTIONS,
-    LAYERS,
-    RUNS,
-    TRAJECTORIES,
-)
+from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, log_steps, to_table
 from torch import Tensor
-
-
-def log_steps(steps: int, log_points: int) -> np.ndarray:
-    """About ``log_points`` log-spaced steps in [0, steps], 0 and ``steps`` included, unique."""
-    inner = np.round(np.logspace(0, math.log10(steps), max(log_points - 1, 1))).astype(np.int64)
-    return np.unique(np.concatenate([[0], inner, [steps]]))
 
 
 def configure_tf32(device: torch.device, allow: bool) -> None:
@@ -110,12 +99,16 @@ class _Log:
 class ChunkTrainer:
     """Trains one :class:`~pipeline.grid.Chunk` as a vectorized ensemble.
 
-    ``device``: torch device for the whole chunk. Construction draws data and
-    initial weights (one loop over members, outside the training loop).
+    ``device``: torch device for the whole chunk; ``node_id``: the Ray node training it
+    (stored in ``runs``; None outside Ray). Construction draws data and initial weights
+    (one loop over members, outside the training loop).
     """
 
-    def __init__(self, chunk: Chunk, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, chunk: Chunk, device: str | torch.device = "cpu", node_id: str | None = None
+    ) -> None:
         self.chunk = chunk
+        self.node_id = node_id
         self.configs = [p.config for p in chunk.points]
         base = self.configs[0]
         self.base = base
@@ -351,7 +344,7 @@ class ChunkTrainer:
         }
         for name, values in log.traj.items():
             traj_cols[name] = np.stack(values, 1).reshape(-1)[rows]
-        trajectories = table_of(TRAJECTORIES, traj_cols, int(rows.sum()))
+        trajectories = to_table("trajectories", traj_cols, int(rows.sum()))
 
         layer_rows = np.repeat(rows, depth)
         layer_cols: dict[str, np.ndarray] = {
@@ -359,14 +352,10 @@ class ChunkTrainer:
             "step": np.tile(np.repeat(steps, depth), E)[layer_rows],
             "layer": np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log)[layer_rows],
         }
-        list_cols: dict[str, np.ndarray] = {}
         for name, values in log.layers.items():
-            arr = np.stack(values, 1)  # (E, n_log, depth[, k])
-            if arr.ndim == 4:
-                list_cols[name] = arr.reshape(-1, arr.shape[-1])[layer_rows]
-            else:
-                layer_cols[name] = arr.reshape(-1)[layer_rows]
-        layers = table_of(LAYERS, layer_cols, int(layer_rows.sum()), list_cols)
+            arr = np.stack(values, 1)  # (E, n_log, depth[, k]): lists NaN-padded to k
+            layer_cols[name] = arr.reshape(E * n_log * depth, *arr.shape[3:])[layer_rows]
+        layers = to_table("layers", layer_cols, int(layer_rows.sum()))
 
         return {
             "trajectories": trajectories,
@@ -389,28 +378,25 @@ class ChunkTrainer:
             for w in self.params0.weights
         ]
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        cols = point_columns(self.chunk.points, self.chunk.chunk_id)
-        cols.update(
-            {
-                "status": np.where(alive_end, "completed", "diverged"),
-                "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
-                "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
-                "wall_seconds": np.full(E, wall / E),
-                "device": [device] * E,
-                "finished_at": [datetime.now(timezone.utc)] * E,
-                "input_dim": [self.batch.input_dim] * E,
-                "initial_train_loss": last_train[:, 0],
-                "final_step": final["final_step"],
-                "final_time": pick(last_time),
-                "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
-                "chunk_size": np.full(E, E),
-                "chunk_wall_seconds": np.full(E, wall),
-                "torch_threads": np.full(E, torch.get_num_threads()),
-            }
-        )
+        outcome = {
+            "status": np.where(alive_end, "completed", "diverged"),
+            "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
+            "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
+            "wall_seconds": np.full(E, wall / E),
+            "device": [device] * E,
+            "finished_at": [datetime.now(timezone.utc)] * E,
+            "input_dim": [self.batch.input_dim] * E,
+            "initial_train_loss": last_train[:, 0],
+            "final_step": final["final_step"],
+            "final_time": pick(last_time),
+            "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
+            "chunk_size": np.full(E, E),
+            "chunk_wall_seconds": np.full(E, wall),
+            "torch_threads": np.full(E, torch.get_num_threads()),
+        }
         for j, name in enumerate(CROSSING_COLUMNS):
-            cols[name] = final["crossing"][:, j]
-        return table_of(RUNS, cols, E)
+            outcome[name] = final["crossing"][:, j]
+        return runs_table(self.chunk.points, self.chunk.chunk_id, self.node_id, outcome)
 
 
 #: Most members whose metrics are computed in one batch off the CPU. Past this, the batched
@@ -492,64 +478,12 @@ def _member_blocks(make, trainer: ChunkTrainer):
     return _BlockedRecorder(bounds, recorders)
 
 
-def point_columns(points: Sequence[Point], chunk_id: str) -> dict[str, list]:
-    """The ``runs`` columns that follow from the points' configs alone (one entry per point)."""
-    cfg = [p.config for p in points]
-    return {
-        "run_id": [p.run_id for p in points],
-        "chunk_id": [chunk_id] * len(points),
-        "init_scale": [c.model.init_scale for c in cfg],
-        "width": [c.model.width for c in cfg],
-        "depth": [c.model.depth for c in cfg],
-        "noise_sigma": [c.data.noise_sigma for c in cfg],
-        "lr": [c.train.lr for c in cfg],
-        "lr_effective": [member_lr(c) for c in cfg],
-        "seed": [c.train.seed for c in cfg],
-        "activation": [c.model.activation for c in cfg],
-        "bias": [c.model.bias for c in cfg],
-        "parameterization": [c.model.parameterization for c in cfg],
-        "data_kind": [c.data.kind for c in cfg],
-        "steps": [c.train.steps for c in cfg],
-        "config": [c.model_dump_json() for c in cfg],
-        "n_train": [c.data.n_train for c in cfg],
-        "leaky_slope": [c.model.leaky_slope for c in cfg],
-        "optimizer": [c.train.optimizer for c in cfg],
-    }
-
-
-def table_of(
-    schema: pa.Schema,
-    columns: dict[str, object],
-    n_rows: int,
-    list_columns: dict[str, np.ndarray] | None = None,
-) -> pa.Table:
-    """A table of ``schema``: given columns (NaN → NULL for floats), the rest NULL."""
-    arrays = []
-    for f in schema:
-        if list_columns and f.name in list_columns:
-            arrays.append(_list_array(list_columns[f.name]))
-        elif f.name in columns:
-            arrays.append(pa.array(columns[f.name], type=f.type, from_pandas=True))
-        else:
-            arrays.append(pa.nulls(n_rows, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _list_array(values: np.ndarray) -> pa.ListArray:
-    """(rows, k) with NaN padding → one list per row of its non-NaN values (in order);
-    a row with none (e.g. a step where spectra were not computed) is NULL."""
-    keep = ~np.isnan(values)
-    lengths = keep.sum(1)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    mask = pa.array(lengths == 0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[keep]), mask=mask)
-
-
 def train_chunk(
     chunk: Chunk,
     device: str | torch.device = "cpu",
     hook: StepHook | None = None,
     resume: dict | None = None,
+    node_id: str | None = None,
 ) -> dict[str, pa.Table]:
     """Train ``chunk`` as one ensemble and return its tables (see :class:`ChunkTrainer`)."""
-    return ChunkTrainer(chunk, device).run(hook, resume)
+    return ChunkTrainer(chunk, device, node_id).run(hook, resume)

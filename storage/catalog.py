@@ -148,7 +148,7 @@ def create_views(
                 )
             )
         else:
-            urls = ", ".join(_sql_string(store.url(p)) for p in paths)
+            urls = ", ".join(sql_string(store.url(p)) for p in paths)
             # The empty typed table adds schema columns that older files lack, as NULL.
             raw = empty.query(
                 "_empty",
@@ -160,5 +160,7 @@ def create_views(
     con.from_arrow(manifest_table(store.manifest())).create_view("manifest")
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
+    """``text`` as an SQL string literal (single quotes, inner ones doubled): the one
+    quoting of values into the SQL that phasesweep writes (DuckDB's standard SQL)."""
     return "'" + text.replace("'", "''") + "'"

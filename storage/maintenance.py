@@ -106,8 +106,7 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
         report.actions.append(f"{sweep}: {text}")
 
     keys: dict[str, dict[str, pa.Table]] = {}  # table -> path -> key columns
-    tables = {**schema.CHUNK_TABLES, **schema.ANALYSIS_TABLES}
-    for table in tables:
+    for table in schema.TABLES:
         keys[table] = {}
         for path in store.files(table, sweep):
             try:

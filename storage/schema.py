@@ -12,8 +12,10 @@ Columns that do not apply to a run are NULL, never a made-up number.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 
 F64 = pa.float64()
@@ -28,6 +30,14 @@ CROSSING_COLUMNS: tuple[str, ...] = tuple(
 #: Escape-time eps always computed by ``analyze``, and their summaries columns.
 ESCAPE_EPS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9)
 ESCAPE_COLUMNS: tuple[str, ...] = tuple(f"escape_time_{round(e * 100):03d}" for e in ESCAPE_EPS)
+
+#: ``runs`` columns besides depth that split the scaling fits where they are grid axes;
+#: ``scaling_fits`` holds the group's value of each (NULL: not a grid axis).
+FIT_GROUP_COLUMNS: tuple[str, ...] = ("width", "activation", "noise_sigma", "lr")
+
+#: ``runs`` columns that ``boundaries`` holds typed, the line's value of each (NULL: not
+#: an axis of the line).
+LINE_COLUMNS: tuple[str, ...] = ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
 
 RUNS = pa.schema(
     [
@@ -70,6 +80,17 @@ RUNS = pa.schema(
         ("lr_effective", F64),  # train.lr after the spec's lr_scaling rule (before schedules)
     ]
 )
+
+
+def log_steps(steps: int, log_points: int) -> np.ndarray:
+    """About ``log_points`` log-spaced steps in [0, steps], 0 and ``steps`` included, unique.
+
+    The steps ``train.log_points`` logs (``trajectories`` rows of a run that does not
+    diverge): step 0, then ``log_points - 1`` steps rounded from a geometric sequence
+    from 1 to ``steps``, then ``steps`` itself, duplicates dropped. Sorted, int64."""
+    inner = np.round(np.logspace(0, np.log10(steps), max(log_points - 1, 1))).astype(np.int64)
+    return np.unique(np.concatenate([[0], inner, [steps]]))
+
 
 TRAJECTORIES = pa.schema(
     [
@@ -238,6 +259,86 @@ ANALYSIS_TABLES: dict[str, pa.Schema] = {
     "scaling_fits": SCALING_FITS,
     "boundaries": BOUNDARIES,
 }
+
+#: Every table the store writes, by name.
+TABLES: dict[str, pa.Schema] = {**CHUNK_TABLES, **ANALYSIS_TABLES}
+
+
+def to_table(
+    name: str,
+    columns: Mapping[str, Any] | pa.Table,
+    n_rows: int | None = None,
+    *,
+    complete: bool = False,
+) -> pa.Table:
+    """A table with exactly the schema of store table ``name`` (:data:`TABLES`).
+
+    The one place where values become a store table: the trainer's chunks, the
+    analysis frames, synthetic sweeps and the store's own validation go through it,
+    so every table agrees with the schema in column order, types and nullability.
+
+    ``columns`` maps column names to values: Arrow arrays (cast to the column's type),
+    numpy arrays, pandas Series or Python sequences (converted; NaN, None and pandas'
+    NA become NULL, since a column that does not apply is NULL, never a made-up number).
+    A 2-D numpy array for a list column holds one row per row, NaN-padded: each row
+    becomes the list of its non-NaN values, a row of NaN only becomes NULL. A pandas
+    DataFrame or an Arrow table may stand for the mapping.
+
+    Columns not given are NULL, unless ``complete``: then every column must be given
+    (the store's check of what callers hand it). ``n_rows``: the row count where no
+    column is given (else it must match the columns'). Unknown or missing columns,
+    columns of unequal length, and values that do not convert are a ``ValueError``
+    naming table and column.
+    """
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; known: {sorted(TABLES)}")
+    target = TABLES[name]
+    given = list(columns.column_names if isinstance(columns, pa.Table) else columns.keys())
+    unknown = sorted(set(given) - set(target.names))
+    missing = [c for c in target.names if c not in given] if complete else []
+    if unknown or missing:
+        hint = (
+            " (drop 'sweep': it comes from the partition directory)" if "sweep" in unknown else ""
+        )
+        raise ValueError(f"{name}: unknown columns {unknown}, missing columns {missing}{hint}")
+    arrays = {}
+    for column in given:
+        field = target.field(column)
+        try:
+            arrays[column] = _array(columns[column], field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as e:
+            raise ValueError(
+                f"{name}.{column}: cannot store {_type_name(columns[column])} as {field.type}: "
+                f"{str(e)[:200]}"
+            ) from e
+    lengths = {len(a) for a in arrays.values()} | ({n_rows} if n_rows is not None else set())
+    if len(lengths) > 1:
+        raise ValueError(f"{name}: columns of unequal lengths {sorted(lengths)}")
+    n = lengths.pop() if lengths else 0
+    return pa.Table.from_arrays(
+        [arrays[f.name] if f.name in arrays else pa.nulls(n, f.type) for f in target],
+        schema=target,
+    )
+
+
+def _array(values: Any, type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``values`` as an Arrow array of ``type_`` (see :func:`to_table`)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(type_)
+    if isinstance(values, np.ndarray) and values.ndim == 2 and pa.types.is_list(type_):
+        keep = ~np.isnan(values)
+        lengths = keep.sum(1)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        flat = pa.array(values[keep], type_.value_type)
+        return pa.ListArray.from_arrays(offsets, flat, type=type_, mask=pa.array(lengths == 0))
+    return pa.array(values, type=type_, from_pandas=True)
+
+
+def _type_name(values: Any) -> str:
+    """The type of ``values`` as an error message names it (Arrow's where it has one)."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return str(values.type)
+    return str(getattr(values, "dtype", type(values).__name__))
 
 
 class ColumnDoc(NamedTuple):
@@ -530,10 +631,7 @@ COLUMN_DOCS: dict[str, dict[str, ColumnDoc]] = {
         "axis": ColumnDoc("the searched grid axis (as the parent's grid names it)"),
         "axis_scale": ColumnDoc("'log' (searched in log10) | 'linear'"),
         "line": ColumnDoc("JSON of the line's values of the other grid axes"),
-        **{
-            k: ColumnDoc(f"the line's {k}", "", "not an axis of the line")
-            for k in ("width", "depth", "noise_sigma", "lr", "activation", "n_train")
-        },
+        **{k: ColumnDoc(f"the line's {k}", "", "not an axis of the line") for k in LINE_COLUMNS},
         "boundary": ColumnDoc(
             "where the seed-mean metric crosses the level, interpolated in the bracket",
             "axis unit",

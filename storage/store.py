@@ -32,12 +32,13 @@ from phasesweep.storage import schema
 from phasesweep.storage.manifest import check_entry, encode_entry, manifest_entry, sort_entries
 from phasesweep.storage.writer import parquet_bytes, put_atomic
 
+from phasesweep._names import SWEEP_NAME
+
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"
 
-_SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
 _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
-_TABLES = {**schema.CHUNK_TABLES, **schema.ANALYSIS_TABLES}
+_TABLES = schema.TABLES
 _MAGIC = b"PAR1"
 #: Smallest possible Parquet file: magic, (empty) footer, footer length, magic.
 _MIN_PARQUET = 2 * len(_MAGIC) + 4
@@ -271,8 +272,9 @@ class Store:
         float64; anything else is a ``ValueError`` naming table and column).
         ``runs`` is required and non-empty with distinct run_ids; ``trajectories``
         and ``layers`` may be absent or empty, and may only hold runs of ``runs``.
-        The store sets ``attempt`` (a fresh id per call) in every table and
-        ``chunk_id`` in ``runs``, overwriting any values given.
+        The store sets ``attempt`` (a fresh id per call) in every table, overwriting
+        any values given, and ``chunk_id`` in ``runs`` where it is absent or NULL; a
+        ``chunk_id`` that names another chunk is a ``ValueError``.
 
         All tables are validated before anything is written. Then every table goes
         to its own file atomically, ``runs`` last: the ``runs`` file is the commit,
@@ -289,12 +291,21 @@ class Store:
             )
         if "runs" not in tables or tables["runs"].num_rows == 0:
             raise ValueError("write_chunk needs a non-empty 'runs' table: it is the commit")
+        runs = tables["runs"]
+        if "chunk_id" in runs.column_names:
+            other = set(runs.column("chunk_id").to_pylist()) - {chunk_id, None}
+            if other:
+                raise ValueError(
+                    f"runs.chunk_id: rows of chunk {sorted(other)[:3]} "
+                    f"given to write_chunk of chunk {chunk_id!r}"
+                )
+        tables = {**tables, "runs": _set(runs, "chunk_id", chunk_id)}  # where absent or NULL
         attempt = uuid.uuid4().hex[:12]
         ready = {}
-        for name, table_schema in schema.CHUNK_TABLES.items():  # runs last
+        for name in schema.CHUNK_TABLES:  # runs last
             if name in tables:
-                fill = {"attempt": attempt, **({"chunk_id": chunk_id} if name == "runs" else {})}
-                ready[name] = _conform(name, tables[name], table_schema, fill)
+                table = _set(tables[name], "attempt", attempt)
+                ready[name] = schema.to_table(name, table, complete=True)
         run_ids = ready["runs"].column("run_id")
         if pc.count_distinct(run_ids).as_py() != len(run_ids) or run_ids.null_count:
             raise ValueError("runs: run_id must be non-null and distinct within a chunk")
@@ -342,7 +353,7 @@ class Store:
             raise ValueError(
                 f"unknown analysis table {name!r}; known: {list(schema.ANALYSIS_TABLES)}"
             )
-        table = _conform(name, table, schema.ANALYSIS_TABLES[name], {})
+        table = schema.to_table(name, table, complete=True)
         self.put(f"{self.table_dir(name)}/sweep={sweep}/data.parquet", parquet_bytes(table))
 
     def write_spec(self, sweep: str, text: str) -> None:
@@ -427,8 +438,8 @@ def _bytes_or_raise(value: bytes | BaseException) -> bytes:
 
 def check_sweep(sweep: str) -> None:
     """``ValueError`` unless ``sweep`` is a valid sweep name."""
-    if not _SWEEP_NAME.fullmatch(sweep):
-        raise ValueError(f"sweep name {sweep!r} must match {_SWEEP_NAME.pattern}")
+    if not SWEEP_NAME.fullmatch(sweep):
+        raise ValueError(f"sweep name {sweep!r} must match {SWEEP_NAME.pattern}")
 
 
 def _sweep_of(path: str) -> str:
@@ -436,29 +447,9 @@ def _sweep_of(path: str) -> str:
     return posixpath.basename(posixpath.dirname(path)).removeprefix("sweep=")
 
 
-def _conform(name: str, table: pa.Table, target: pa.Schema, fill: dict[str, str]) -> pa.Table:
-    """``table`` with constant columns ``fill`` set, reordered and cast to ``target``."""
-    for column, value in fill.items():
-        values = pa.repeat(pa.scalar(value, target.field(column).type), table.num_rows)
-        if column in table.column_names:
-            table = table.set_column(table.column_names.index(column), column, values)
-        else:
-            table = table.append_column(column, values)
-    given = set(table.column_names)
-    unknown = sorted(given - set(target.names))
-    missing = [c for c in target.names if c not in given]
-    if unknown or missing:
-        hint = (
-            " (drop 'sweep': it comes from the partition directory)" if "sweep" in unknown else ""
-        )
-        raise ValueError(f"{name}: unknown columns {unknown}, missing columns {missing}{hint}")
-    columns = []
-    for field in target:
-        try:
-            columns.append(table.column(field.name).cast(field.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise ValueError(
-                f"{name}.{field.name}: cannot store {table.schema.field(field.name).type} "
-                f"as {field.type}: {e}"
-            ) from e
-    return pa.Table.from_arrays(columns, schema=target)
+def _set(table: pa.Table, column: str, value: str) -> pa.Table:
+    """``table`` with string ``column`` set to ``value`` in every row (replaced or appended)."""
+    values = pa.repeat(pa.scalar(value, pa.string()), table.num_rows)
+    if column in table.column_names:
+        return table.set_column(table.column_names.index(column), column, values)
+    return table.append_column(column, values)

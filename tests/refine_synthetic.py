@@ -60,11 +60,10 @@ def install(
     every call takes (so that two processes overlap); ``fail_at``: the call that raises.
     Returns the real trainer."""
     import phasesweep.pipeline.trainer as trainer
-    from phasesweep.storage.schema import RUNS
 
     calls = [0]
 
-    def train_chunk(chunk, device="cpu", hook=None, resume=None):  # the trainer's signature
+    def train_chunk(chunk, device="cpu", hook=None, resume=None, node_id=None):  # its signature
         calls[0] += 1
         if calls[0] == block_at:
             with open(log_path + ".blocked", "w") as f:
@@ -75,37 +74,35 @@ def install(
             raise RuntimeError("synthetic training failure")
         time.sleep(delay)
         pts = chunk.points
-        cols = trainer.point_columns(pts, chunk.chunk_id)
-        cfg = [p.config for p in pts]
-        cols["status"] = ["completed"] * len(pts)
-        cols["final_train_loss"] = [
-            loss(c.model.init_scale, c.model.width, c.train.seed) for c in cfg
-        ]
         with open(log_path, "a") as f:
             f.write("".join(p.run_id + "\n" for p in pts))
-        return {"runs": trainer.table_of(RUNS, cols, len(pts))}
+        return {"runs": _runs(pts, chunk.chunk_id, node_id)}
 
     real, trainer.train_chunk = trainer.train_chunk, train_chunk
     return real
 
 
+def _runs(points, chunk_id: str, node_id: str | None):
+    """The ``runs`` rows of ``points``, completed with the closed-form final loss."""
+    from phasesweep.pipeline.runs import runs_table
+
+    cfg = [p.config for p in points]
+    outcome = {
+        "status": ["completed"] * len(cfg),
+        "final_train_loss": [loss(c.model.init_scale, c.model.width, c.train.seed) for c in cfg],
+    }
+    return runs_table(points, chunk_id, node_id, outcome)
+
+
 def make_parent(store) -> None:
     """Store the parent sweep's spec and its runs (closed form, no log)."""
-    import phasesweep.pipeline.trainer as trainer
     from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
-    from phasesweep.storage.schema import RUNS
 
     spec = validate_spec(PARENT)
     store.write_spec(spec.name, yaml.safe_dump(PARENT))
     for c in make_chunks(expand(spec), spec):
-        cols = trainer.point_columns(c.points, c.chunk_id)
-        cfg = [p.config for p in c.points]
-        cols["status"] = ["completed"] * len(cfg)
-        cols["final_train_loss"] = [
-            loss(x.model.init_scale, x.model.width, x.train.seed) for x in cfg
-        ]
-        store.write_chunk(spec.name, c.chunk_id, {"runs": trainer.table_of(RUNS, cols, len(cfg))})
+        store.write_chunk(spec.name, c.chunk_id, {"runs": _runs(c.points, c.chunk_id, None)})
 
 
 def run(

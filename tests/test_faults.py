@@ -21,7 +21,7 @@ import pytest
 import torch
 from phasesweep.pipeline.grid import expand
 from phasesweep.pipeline.spec import load_spec
-from phasesweep.pipeline.trainer import log_steps
+from phasesweep.storage.schema import log_steps
 
 #: Subprocess timeouts: Ray starts slowly on a loaded machine.
 TIMEOUT = 600

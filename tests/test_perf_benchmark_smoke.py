@@ -61,7 +61,7 @@ def test_matmul_peak_reports_a_rate():
 
 
 def test_store_benchmark_counts_rows_and_answers_the_query(tmp_path):
-    from phasesweep.pipeline.trainer import log_steps
+    from phasesweep.storage.schema import log_steps
 
     r = store_bench.store_benchmark(
         str(tmp_path / "s"), rows=4000, chunk_rows=2000, steps=50, log_points=10

@@ -11,7 +11,8 @@ from phasesweep.pipeline.init import init_params
 from phasesweep.pipeline.models import EnsembleMLP
 from phasesweep.pipeline.seeding import permutations
 from phasesweep.pipeline.spec import validate_spec
-from phasesweep.pipeline.trainer import configure_tf32, log_steps, train_chunk
+from phasesweep.pipeline.trainer import configure_tf32, train_chunk
+from phasesweep.storage.schema import log_steps
 
 torch.set_num_threads(1)
 

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from phasesweep.analysis import style
 from phasesweep.analysis.config import AnalysisConfig, PlotSpec, StoredSweep
 from phasesweep.analysis.phase import AXES
+from phasesweep.storage.catalog import sql_string
 
 from phasesweep._config import SpecError
 
@@ -126,7 +127,7 @@ def py(v: Any) -> Any:
 def literal(v: Any) -> str:
     """``v`` as an SQL literal."""
     v = py(v)
-    return "'" + v.replace("'", "''") + "'" if isinstance(v, str) else repr(v)
+    return sql_string(v) if isinstance(v, str) else repr(v)
 
 
 def fixed_where(ctx: Context, free: set[str], where: str | None = None) -> str | None:

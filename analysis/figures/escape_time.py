@@ -30,11 +30,9 @@ from phasesweep.analysis.figures._kind import (
     subtitle,
 )
 from phasesweep.analysis.style import fmt, label, short_label
+from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 from phasesweep._config import SpecError
-
-#: runs columns the scaling fits are grouped by (besides depth), see analysis.analyze.
-_FIT_GROUPS = ("width", "activation", "noise_sigma", "lr")
 
 
 def _geo_center(a: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -46,7 +44,7 @@ def matching_fits(fits: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     if fits.empty or runs.empty:
         return fits.iloc[:0]
     keep = np.ones(len(fits), dtype=bool)
-    for c in ("depth", *_FIT_GROUPS):
+    for c in ("depth", *FIT_GROUP_COLUMNS):
         if c not in fits or c not in runs:
             continue
         vals = set(runs[c].dropna().tolist())
@@ -236,7 +234,7 @@ class EscapeTime(FigureKind):
 
     def query(self, p: PlotSpec, ctx: Context) -> dict:
         cols = ", ".join(
-            f"r.{c}" for c in dict.fromkeys(("depth", *_FIT_GROUPS, p.hue, p.facet)) if c
+            f"r.{c}" for c in dict.fromkeys(("depth", *FIT_GROUP_COLUMNS, p.hue, p.facet)) if c
         )
         pts = ctx.df(
             f"SELECT r.run_id, r.status, r.init_scale, r.seed, {cols}, s.escape_time, "
