@@ -64,6 +64,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+#: What a sweep name may be: it names the store partition (``sweep=NAME`` of every table)
+#: and a file name. Use ``fullmatch`` (``$`` would accept a trailing newline).
+SWEEP_NAME = re.compile(r"[a-z0-9_-]+")
+
 #: Short grid names and the dotted paths they stand for.
 SHORT_NAMES: dict[str, str] = {
     "init_scale": "model.init_scale",

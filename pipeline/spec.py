@@ -43,6 +43,7 @@ from phasesweep._config import (  # noqa: F401 - the unused ones are re-exported
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
     SHORT_NAMES,
+    SWEEP_NAME,
     SpecError,
     _Section,
     did_you_mean,
@@ -51,7 +52,6 @@ from phasesweep._config import (  # noqa: F401 - the unused ones are re-exported
     raise_from_validation,
     yaml_problem,
 )
-from phasesweep._names import SWEEP_NAME
 
 
 def _registered_activation(name: str) -> str:

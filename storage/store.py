@@ -32,7 +32,7 @@ from phasesweep.storage import schema
 from phasesweep.storage.manifest import check_entry, encode_entry, manifest_entry, sort_entries
 from phasesweep.storage.writer import parquet_bytes, put_atomic
 
-from phasesweep._names import SWEEP_NAME
+from phasesweep._config import SWEEP_NAME
 
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"
