@@ -12,25 +12,25 @@ The narrow public surface (the CLI calls these):
   ``Axes`` or a new figure; returns the ``Figure``.
 - :func:`phase_diagram_sql`: the single SQL query behind a phase diagram.
 
-The pure cores live in :mod:`analysis.escape`, :mod:`analysis.plateaus`,
-:mod:`analysis.regimes`, :mod:`analysis.scaling`, the figure kinds in :mod:`analysis.figures`;
-:mod:`analysis.calibration` has closed-form loss curves with known answers.
+Public modules: :mod:`analysis.config` (the spec's ``analysis`` and ``plots`` sections)
+and :mod:`analysis.figures` (the figure registry). The ``_`` modules are private details.
+The pure cores live in :mod:`analysis._escape`, :mod:`analysis._plateaus`,
+:mod:`analysis._regimes`, :mod:`analysis._scaling`, the figure kinds in :mod:`analysis.figures`;
+:mod:`analysis._calibration` has closed-form loss curves with known answers.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from importlib import import_module
 
 #: Public name -> the module that defines it, imported on first access: the sweep spec
 #: composes :mod:`analysis.config`, and importing it must not load pandas or matplotlib.
 _EXPORTS = {
-    "analyze": "phasesweep.analysis.analyze",
-    "draw": "phasesweep.analysis.plotting",
-    "phase_diagram_sql": "phasesweep.analysis.phase",
-    "plot": "phasesweep.analysis.plotting",
-    "report": "phasesweep.analysis.report",
+    "analyze": "phasesweep.analysis._analyze",
+    "draw": "phasesweep.analysis._plotting",
+    "phase_diagram_sql": "phasesweep.analysis._phase",
+    "plot": "phasesweep.analysis._plotting",
+    "report": "phasesweep.analysis._report",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -47,17 +47,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """This package, whose functions ``analyze`` and ``report`` share their names with
-    the submodules that define them: the import system binds a submodule to its
-    package's attribute when it first loads it, which would hide the function."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

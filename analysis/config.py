@@ -27,8 +27,8 @@ from pydantic import (
 
 from phasesweep._config import (
     SHORT_NAMES,
+    Section,
     SpecError,
-    _Section,
     parse_yaml,
     raise_from_validation,
     yaml_problem,
@@ -37,7 +37,7 @@ from phasesweep._config import (
 log = logging.getLogger(__name__)
 
 
-class AnalysisConfig(_Section):
+class AnalysisConfig(Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
     order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = Field(
@@ -136,7 +136,7 @@ class AnalysisConfig(_Section):
     )
 
 
-class PlotSpec(_Section):
+class PlotSpec(Section):
     """One figure of ``phasesweep plot``; unset fields are chosen from the swept axes."""
 
     kind: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(

@@ -107,8 +107,8 @@ def spec(name: str, s: Sizes, points: int) -> dict[str, Any]:
 
 def train_sweep(store, raw: dict[str, Any], use_ray: bool) -> tuple[int, float]:
     """Train a sweep as ``phasesweep run`` does; (runs trained, wall seconds)."""
-    from phasesweep.pipeline.driver import run_chunks, train_and_store, trial_slots
-    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline._driver import run_chunks, train_and_store, trial_slots
+    from phasesweep.pipeline._grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     sp = validate_spec(raw)
@@ -164,7 +164,7 @@ class Result:
 
 
 def bench(mode: str, use_ray: bool, store_dir: str) -> Result:
-    from phasesweep.pipeline.refine import boundary_rows, plan, refine
+    from phasesweep.pipeline._refine import boundary_rows, plan, refine
     from phasesweep.storage import Store
 
     s = MODES[mode]

@@ -20,6 +20,16 @@ name: :mod:`phasesweep.pipeline` (spec, grid, models, trainer, Ray driver, CLI),
 :mod:`phasesweep.storage` (Parquet store, DuckDB catalog) and
 :mod:`phasesweep.analysis` (regimes, escape times, figures, report). The reference
 (spec keys, store columns, SQL cookbook, cluster use) is in ``docs/``.
+
+Public and private: a module or name that starts with ``_`` is private (it may change
+without notice); each package re-exports its public names in ``__all__``. The public
+modules are the declarative ones a user reads or extends: :mod:`phasesweep.pipeline.spec`
+(the sweep spec), :mod:`phasesweep.pipeline.activations` (the activation registry),
+:mod:`phasesweep.storage.schema` (the store tables), :mod:`phasesweep.analysis.config`
+(analysis thresholds and plots) and :mod:`phasesweep.analysis.figures` (the figure
+registry). Testing hooks: the project's tests and benchmarks import the un-underscored
+names of private modules (white-box checks of the engine); nothing reaches into a ``_``
+name of another module (``tests/test_surface.py`` checks it).
 """
 
 from __future__ import annotations
@@ -48,6 +58,9 @@ _EXPORTS = {
     "draw": "phasesweep.analysis",
     "StoreError": "phasesweep._api",
     "UnknownSweepError": "phasesweep._api",
+    "Plan": "phasesweep.pipeline._launch",
+    "Status": "phasesweep.pipeline._launch",
+    "SweepOutcome": "phasesweep.pipeline._driver",
     "SpecError": "phasesweep.pipeline.spec",
     "SweepSpec": "phasesweep.pipeline.spec",
 }

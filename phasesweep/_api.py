@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import pandas as pd
     import pyarrow as pa
 
-    from phasesweep.pipeline.driver import SweepOutcome
-    from phasesweep.pipeline.grid import Point
-    from phasesweep.pipeline.launch import Plan, Status
+    from phasesweep.pipeline._driver import SweepOutcome
+    from phasesweep.pipeline._grid import Point
+    from phasesweep.pipeline._launch import Plan, Status
     from phasesweep.pipeline.spec import SweepSpec
     from phasesweep.storage import Store
 
@@ -126,7 +126,7 @@ def load_spec(source: SpecSource, overrides: Sequence[str] = ()) -> SweepSpec:
     (dotted KEY, YAML VALUE), applied in order. Raises :class:`SpecError` naming the
     dotted key and the value. Writes nothing.
     """
-    from phasesweep.pipeline.launch import resolve_spec
+    from phasesweep.pipeline._launch import resolve_spec
 
     return resolve_spec(source, overrides)[0]
 
@@ -138,7 +138,7 @@ def expand(spec: SpecSource) -> list[Point]:
     under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
     varies fastest).
     """
-    from phasesweep.pipeline.grid import expand as expand_grid
+    from phasesweep.pipeline._grid import expand as expand_grid
     from phasesweep.pipeline.spec import SweepSpec
 
     return expand_grid(spec if isinstance(spec, SweepSpec) else load_spec(spec))
@@ -155,15 +155,15 @@ def plan(
 ) -> Plan:
     """What :func:`run` would do, without writing anything (``phasesweep run --dry-run``).
 
-    The :class:`~phasesweep.pipeline.launch.Plan` holds the grid's size (``total``), the
+    The :class:`~phasesweep.Plan` holds the grid's size (``total``), the
     points still to train (``todo``), their chunks, ``peak_bytes`` (memory of the largest
     chunk) and ``flops`` (training work). ``address`` is only used to count the cluster's
     CPUs. The spec's ``plots:`` are checked too, so a typo fails before a launch. A spec
     that differs from the one stored under its name is refused unless ``extend`` and it
     only adds grid values (see :func:`run`).
     """
-    from phasesweep.analysis.plotting import check_plots
-    from phasesweep.pipeline.launch import plan_sweep
+    from phasesweep.analysis._plotting import check_plots
+    from phasesweep.pipeline._launch import plan_sweep
 
     planned = plan_sweep(
         source,
@@ -195,7 +195,7 @@ def run(
     again), same Ray default (an embedded local Ray private to this call unless
     ``address`` names a cluster: ``auto``, ``host:port`` or ``ray://host:port``). The
     store is created if missing. Returns a
-    :class:`~phasesweep.pipeline.driver.SweepOutcome` (``trained``, ``diverged``,
+    :class:`~phasesweep.SweepOutcome` (``trained``, ``diverged``,
     ``skipped``, ``failed`` run ids, ``errors``).
 
     A spec that differs from the one stored under its name is refused
@@ -208,7 +208,7 @@ def run(
     twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
     another host dies; hosts' clocks must agree to well within that).
     """
-    from phasesweep.pipeline.launch import execute
+    from phasesweep.pipeline._launch import execute
 
     planned = plan(
         source,
@@ -231,11 +231,11 @@ def run(
 def status(sweep: str | None = None, store: Store | str | Path | None = None) -> Status:
     """Stored runs by sweep and status (``phasesweep status``).
 
-    Returns a :class:`~phasesweep.pipeline.launch.Status`: ``counts`` as
+    Returns a :class:`~phasesweep.Status`: ``counts`` as
     ``(sweep, status, runs)`` tuples; with ``sweep``, ``total`` is its grid size from
     the stored spec and ``done`` the runs completed or diverged.
     """
-    from phasesweep.pipeline.launch import sweep_status
+    from phasesweep.pipeline._launch import sweep_status
 
     opened = open_store(store) if sweep is None else _sweep_store(sweep, store, runs=False)
     return sweep_status(opened, sweep)
@@ -274,7 +274,7 @@ def table(
     ``duckdb.Error``; statements that are not read-only ``ReadOnlyQueryError``.
     """
     from phasesweep.pipeline.spec import SpecError
-    from phasesweep.storage.catalog import sql_string
+    from phasesweep.storage._catalog import sql_string
 
     if name_or_sql in TABLES:
         sql = f"FROM {name_or_sql}"

@@ -58,7 +58,7 @@ class SpecError(ValueError):
         )
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # allow_inf_nan: every float of a spec is meant to be finite (an inf lr or init
     # scale would only make every trial fail after the spec was stored).
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)

@@ -114,7 +114,7 @@ def _keys(section: dict, defs: dict, prefix: str) -> Iterator[str]:
 
 
 def spec_reference(schema: dict) -> str:
-    from phasesweep.pipeline.grid import MEMBER_FIELDS, axis_values
+    from phasesweep.pipeline._grid import MEMBER_FIELDS, axis_values
     from phasesweep.pipeline.spec import SHORT_NAMES
 
     defs = schema["$defs"]
@@ -190,7 +190,7 @@ def spec_reference(schema: dict) -> str:
 # --- store ---------------------------------------------------------------------------------
 
 
-def _view_types() -> dict[str, list[tuple[str, str]]]:
+def view_types() -> dict[str, list[tuple[str, str]]]:
     """(column, DuckDB type) of every catalog view, in order, from an empty store."""
     from phasesweep.storage import Store, open_catalog
 
@@ -206,7 +206,7 @@ def _view_types() -> dict[str, list[tuple[str, str]]]:
 def store_reference() -> str:
     from phasesweep.storage.schema import COLUMN_DOCS, TABLE_DOCS
 
-    types = _view_types()
+    types = view_types()
     lines = [
         _HEADER,
         "# Store reference",
@@ -237,7 +237,7 @@ def store_reference() -> str:
 
 
 def cli_reference() -> str:
-    from phasesweep.pipeline.cli import build_parser
+    from phasesweep.pipeline._cli import build_parser
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal's width

@@ -1,7 +1,9 @@
 """phasesweep's pipeline: sweep spec → grid → chunks → vectorized ensemble training on Ray.
 
-The public surface is re-exported here; the modules behind it are private
-details that may move. Typical use from Python::
+The public surface is re-exported here; the ``_`` modules behind it are private
+details that may move. Public modules: :mod:`pipeline.spec` (the sweep spec's models)
+and :mod:`pipeline.activations` (the activation registry; ``register`` adds one).
+Typical use from Python::
 
     from phasesweep.pipeline import load_spec, expand, make_chunks, train_chunk
 
@@ -14,14 +16,14 @@ Concurrency: :func:`train_chunk` uses the calling process's torch threads; set
 cores, small batched ops slow down by an order of magnitude).
 """
 
-from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
+from phasesweep.pipeline._grid import Chunk, Point, expand, make_chunks, run_id_of
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
 
 def __getattr__(name: str) -> object:
     # The trainer pulls in torch: imported on first use so the CLI starts fast.
     if name == "train_chunk":
-        from phasesweep.pipeline.trainer import train_chunk
+        from phasesweep.pipeline._trainer import train_chunk
 
         return train_chunk
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

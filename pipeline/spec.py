@@ -44,8 +44,8 @@ from phasesweep._config import (  # noqa: F401 - the unused ones are re-exported
     MAX_YAML_NODES,
     SHORT_NAMES,
     SWEEP_NAME,
+    Section,
     SpecError,
-    _Section,
     did_you_mean,
     excerpt,
     parse_yaml,
@@ -78,7 +78,7 @@ DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 @dataclass(frozen=True)
 class DataKindFacts:
     """What the spec knows of one ``data.kind``: the one place a kind's declarative facts
-    live (its generator is ``pipeline.datasets.GENERATORS[kind]``, a test ties the two)."""
+    live (its generator is ``pipeline._datasets.GENERATORS[kind]``, a test ties the two)."""
 
     #: one phrase for the reference ("": described with its own fields).
     summary: str = ""
@@ -183,7 +183,7 @@ def _user_file_path(
     return path
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """A fully connected net. ``depth`` counts weight matrices (depth 2 = one hidden layer)."""
 
     depth: PositiveInt = Field(
@@ -245,7 +245,7 @@ class ModelConfig(_Section):
         path = _user_file_path(raw, ("init", "file"), "init_path", "init_sha256", "init file")
         if path is None:
             return raw
-        from phasesweep.pipeline.user_data import check_weights, load_weights
+        from phasesweep.pipeline._user_data import check_weights, load_weights
 
         weights, sha = load_weights(path)
         depth, width = raw.get("depth", 2), raw.get("width", 256)
@@ -279,7 +279,7 @@ class ModelConfig(_Section):
         return self
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Training and test data. Inputs have ``input_dim`` features, labels ``output_dim``."""
 
     kind: DataKind = Field(
@@ -382,7 +382,7 @@ class DataConfig(_Section):
         None,
         description=(
             "arrays: the researcher's own data, a .npz file or a directory of NAME.npy files or "
-            "NAME.parquet tables (``pipeline.user_data``). n_train, n_test, input_dim, output_dim "
+            "NAME.parquet tables. n_train, n_test, input_dim, output_dim "
             "(and subspace_dim with a ``subspace_basis``) come from the arrays; values given must "
             "match."
         ),
@@ -402,7 +402,7 @@ class DataConfig(_Section):
         path = _user_file_path(raw, ("kind", "arrays"), "path", "arrays_sha256", "data kind arrays")
         if path is None:
             return raw
-        from phasesweep.pipeline.user_data import BASIS, load_arrays
+        from phasesweep.pipeline._user_data import BASIS, load_arrays
 
         arrays, sha = load_arrays(path)
         raw = dict(raw)
@@ -478,7 +478,7 @@ class DataConfig(_Section):
         return self
 
 
-class LrScaling(_Section):
+class LrScaling(Section):
     """lr = train.lr * max(init_scale, init_scale_floor)**p * width**width_power,
     p = init_scale_power + init_scale_depth_power * (depth - 1).
 
@@ -506,7 +506,7 @@ class LrScaling(_Section):
     width_power: float = Field(0.0, description="Exponent of the width factor.")
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """Optimizer, learning rate and its schedule, steps and logging of one training."""
 
     optimizer: Literal["gd", "sgd"] = Field(
@@ -575,7 +575,7 @@ class TrainConfig(_Section):
         return self
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(Section):
     """Metrics recorded at logged steps; kernels and spectra on a fixed probe set."""
 
     probe_size: Annotated[int, Field(ge=1, le=512)] = Field(
@@ -626,7 +626,7 @@ class MetricsConfig(_Section):
     )
 
 
-class ExecutionConfig(_Section):
+class ExecutionConfig(Section):
     """How grid points are packed into chunks: one chunk is one Ray trial, one ensemble."""
 
     max_chunk_size: PositiveInt = Field(
@@ -654,7 +654,7 @@ class ExecutionConfig(_Section):
     )
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """The resolved config of one grid point: everything that determines its training."""
 
     model: ModelConfig = Field(ModelConfig(), description="The net.")
@@ -663,7 +663,7 @@ class RunConfig(_Section):
     metrics: MetricsConfig = Field(MetricsConfig(), description="What is recorded at logged steps.")
 
 
-class SweepSpec(_Section):
+class SweepSpec(Section):
     """A sweep: a base config (model, data, train, metrics) and a ``grid`` of axes over it,
     with the analysis thresholds, figures and chunking that go with it."""
 
@@ -711,8 +711,8 @@ class SweepSpec(_Section):
         """init file: the first and last layers fit the data, and every seed has weights."""
         if self.model.init != "file":
             return self
-        from phasesweep.pipeline.grid import axis_path, axis_values
-        from phasesweep.pipeline.user_data import load_weights, member_weights
+        from phasesweep.pipeline._grid import axis_path, axis_values
+        from phasesweep.pipeline._user_data import load_weights, member_weights
 
         m, path = self.model, self.model.init_path
         dims = [self.data.input_dim] + [m.width] * (m.depth - 1) + [self.data.output_dim]

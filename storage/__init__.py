@@ -1,19 +1,21 @@
 """The results store: Parquet tables, atomic chunk commits, DuckDB catalog, read-only queries,
 verification and compaction.
 
-See DESIGN.md ("The data path", "Store tables") and ``storage.schema``.
+See DESIGN.md ("The data path", "Store tables") and :mod:`storage.schema`, the one public
+module (the tables, their column docs and ``to_table``); the ``_`` modules behind the
+names re-exported here are private details that may move.
 """
 
 from phasesweep.storage import schema
-from phasesweep.storage.catalog import open_catalog
-from phasesweep.storage.maintenance import compact, verify
-from phasesweep.storage.query import (
+from phasesweep.storage._catalog import open_catalog
+from phasesweep.storage._maintenance import compact, verify
+from phasesweep.storage._query import (
     ReadOnlyQueryError,
     query_table,
     run_query,
 )
-from phasesweep.storage.store import DamagedFileWarning, Store, resolve_store_uri
-from phasesweep.storage.writer import UnsafePathError, safe_output_path
+from phasesweep.storage._store import DamagedFileWarning, Store, resolve_store_uri
+from phasesweep.storage._writer import UnsafePathError, safe_output_path
 
 __all__ = [
     "DamagedFileWarning",

@@ -2,7 +2,7 @@
 parameters the trainer's metric recorder saw at every logged step; ``tiny_spec`` writes
 the smallest sweep that runs the whole pipeline and ``phasesweep_cli`` starts the CLI
 in a process of its own; ``synthetic_store`` fills a store with
-a sweep whose curves are closed forms (:func:`analysis.calibration.synthetic_sweep`)."""
+a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import phasesweep.pipeline.trainer as trainer_mod
+import phasesweep.pipeline._trainer as trainer_mod
 import pyarrow as pa
 import pytest
 import yaml
-from phasesweep.analysis.calibration import synthetic_sweep
-from phasesweep.pipeline.metrics import MetricRecorder
-from phasesweep.pipeline.models import Params
+from phasesweep.analysis._calibration import synthetic_sweep
+from phasesweep.pipeline._metrics import MetricRecorder
+from phasesweep.pipeline._models import Params
 from phasesweep.storage import Store, schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
@@ -172,12 +172,12 @@ def tiny_spec(tmp_path) -> Callable[..., Path]:
 @pytest.fixture
 def phasesweep_cli() -> Callable[..., subprocess.Popen]:
     """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
-    pipeline.cli *args`` in a process of its own, with this environment plus ``env_extra``
+    pipeline._cli *args`` in a process of its own, with this environment plus ``env_extra``
     and text stdout/stderr piped (``communicate()`` them)."""
 
     def start(args: list[str], env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "phasesweep.pipeline.cli", *args],
+            [sys.executable, "-m", "phasesweep.pipeline._cli", *args],
             env=dict(os.environ, **(env_extra or {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -192,7 +192,7 @@ def phasesweep_cli() -> Callable[..., subprocess.Popen]:
 def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
     """Factory: ``make(sweep, grid, description=None, **kwargs)`` -> (store, spec text).
 
-    A new store holding one chunk of :func:`~analysis.calibration.synthetic_sweep` over
+    A new store holding one chunk of :func:`~analysis._calibration.synthetic_sweep` over
     ``grid`` (``init_scale``, ``width``, ``depth``, ``seed`` and optionally
     ``noise_sigma``), 10⁶ steps, where the points with init scale ≥ 3 and width ≥ 256
     diverge; ``kwargs`` go to ``synthetic_sweep``. The spec (name, description, grid) is

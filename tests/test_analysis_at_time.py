@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import series as ser
-from phasesweep.analysis.analyze import analyze_frames
-from phasesweep.analysis.calibration import lazy_loss, logged_times
+from phasesweep.analysis import _series as ser
+from phasesweep.analysis._analyze import analyze_frames
+from phasesweep.analysis._calibration import lazy_loss, logged_times
 from phasesweep.pipeline.spec import AnalysisConfig, SpecError, validate_spec
 
 U = np.finfo(np.float64).eps / 2
@@ -137,9 +137,9 @@ def test_ready_sweeps_reach_equal_time_across_init_scales():
     # constant-lr sweeps: points that differ only in init scale, width or seed end at the
     # same t = lr_effective * steps (so "final" is an equal-time comparison), and at or
     # past analysis.at_time where it is set
-    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline._grid import expand
+    from phasesweep.pipeline._trainer import member_lr
     from phasesweep.pipeline.spec import load_spec
-    from phasesweep.pipeline.trainer import member_lr
     from sweep_runner import SWEEPS
 
     checked = 0

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import series as ser
-from phasesweep.analysis.calibration import logged_times, logistic_mode, two_layer_escape_time
-from phasesweep.analysis.escape import escape_time, escape_times
+from phasesweep.analysis import _series as ser
+from phasesweep.analysis._calibration import logged_times, logistic_mode, two_layer_escape_time
+from phasesweep.analysis._escape import escape_time, escape_times
 
 
 def test_log_loss_interpolation_by_hand():

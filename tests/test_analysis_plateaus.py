@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import series as ser
-from phasesweep.analysis.calibration import (
+from phasesweep.analysis import _series as ser
+from phasesweep.analysis._calibration import (
     deep_linear_loss,
     lazy_loss,
     logged_times,
@@ -17,7 +17,7 @@ from phasesweep.analysis.calibration import (
     two_layer_linear_loss,
     xor_relu_loss,
 )
-from phasesweep.analysis.plateaus import detect_plateaus, plateau_frame
+from phasesweep.analysis._plateaus import detect_plateaus, plateau_frame
 
 S3 = (4.0, 1.0, 0.25)  # well-separated target singular values
 

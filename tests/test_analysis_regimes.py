@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from phasesweep.analysis.regimes import classify
+from phasesweep.analysis._regimes import classify
 
 nan = np.nan
 

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def _train(raw):
-    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline._grid import expand, make_chunks
+    from phasesweep.pipeline._trainer import train_chunk
     from phasesweep.pipeline.spec import validate_spec
-    from phasesweep.pipeline.trainer import train_chunk
 
     spec = validate_spec(raw)
     (chunk,) = make_chunks(expand(spec), spec)
@@ -29,7 +29,7 @@ def _train(raw):
 
 
 def _analyze(runs, traj):
-    from phasesweep.analysis.analyze import analyze_frames
+    from phasesweep.analysis._analyze import analyze_frames
 
     out = analyze_frames(runs, traj)
     return out["summaries"].to_pandas(), out["plateaus"].to_pandas()

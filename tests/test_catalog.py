@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from phasesweep.storage import ReadOnlyQueryError, Store, open_catalog, run_query, schema
-from phasesweep.storage.writer import parquet_bytes, put_atomic
+from phasesweep.storage._writer import parquet_bytes, put_atomic
 
 VIEWS = {
     "runs": schema.RUNS,
@@ -182,7 +182,7 @@ def test_query_connection_is_hardened_without_the_statement_check(
     tmp_path, store_make_chunk, monkeypatch
 ):
     """Defence in depth: with the statement check bypassed, DuckDB itself refuses."""
-    from phasesweep.storage import query as query_mod
+    from phasesweep.storage import _query as query_mod
 
     store = Store.open(str(tmp_path))
     store.write_chunk("s", "c0", store_make_chunk(["r1"]))

@@ -1,4 +1,4 @@
-"""Claims and leases (storage/claims.py) with real processes, real kills and real files."""
+"""Claims and leases (storage/_claims.py) with real processes, real kills and real files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 import time
 
 from phasesweep.storage import Store
-from phasesweep.storage.claims import Claims, Renewer, create_exclusive
+from phasesweep.storage._claims import Claims, Renewer, create_exclusive
 from test_store_s3 import s3_server, s3_store  # noqa: F401  (fixtures)
 
 RUN_IDS = [f"r{i:03d}" for i in range(60)]
@@ -75,7 +75,7 @@ def test_a_live_holder_blocks_a_killed_one_is_taken_over_at_once(tmp_path):
 
 def _as_other_host(claims: Claims, lease_id: str) -> None:
     """Rewrite a lease as if its holder ran elsewhere (no process check: expiry only)."""
-    path = claims._lease(lease_id)
+    path = claims.lease_path(lease_id)
     body = json.loads(claims.store.fs.cat_file(path))
     body.update(host="elsewhere", pid=1)
     claims.store.fs.pipe_file(path, json.dumps(body).encode())

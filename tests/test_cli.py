@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline.cli import main
+from phasesweep.pipeline._cli import main
 from phasesweep.storage import Store, run_query
 
 BAD_SPECS = [
@@ -197,7 +197,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
-    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline._grid import expand
     from phasesweep.pipeline.spec import load_spec
 
     victim = expand(load_spec(spec)[0])[0].run_id

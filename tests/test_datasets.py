@@ -9,11 +9,11 @@ import typing
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline.datasets import _load_digits, make_dataset, teacher_fn
-from phasesweep.pipeline.grid import expand, make_chunks
-from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline._datasets import digits_arrays, make_dataset, teacher_fn
+from phasesweep.pipeline._grid import expand, make_chunks
+from phasesweep.pipeline._seeding import generator
+from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
 from phasesweep.pipeline.spec import DataConfig, SpecError, validate_spec
-from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps
@@ -301,7 +301,7 @@ def test_digits_split_is_disjoint_complete_and_deterministic():
     a, b, c = make_dataset(cfg, 0), make_dataset(cfg, 0), make_dataset(cfg, 1)
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert not torch.equal(a.y_train, c.y_train)
-    images, target = _load_digits()
+    images, target = digits_arrays()
     sel = np.isin(target, [3, 8])
     both = torch.cat([a.x_train, a.x_test]).numpy()
     # per pixel, train ∪ test is the class-3/8 images mapped by one increasing affine map:
@@ -416,10 +416,9 @@ def test_sgd_minibatches_keep_symmetric_pairs():
     )
     (chunk,) = make_chunks(expand(spec), spec)
     trainer = ChunkTrainer(chunk)
-    trainer._perm = None
     seen = torch.zeros(3, 32)
     for k in range(8):  # two epochs of 4 steps
-        x, y = trainer._minibatch(k)
+        x, y = trainer.minibatch(k)
         assert x.shape == (3, 8, 10)
         _assert_odd(x[0], y[0])
         _assert_odd(x[2], y[2])
@@ -443,7 +442,7 @@ _ONE_OF_EACH = {
 
 
 def test_every_kind_has_its_facts_and_a_generator():
-    from phasesweep.pipeline.datasets import GENERATORS
+    from phasesweep.pipeline._datasets import GENERATORS
     from phasesweep.pipeline.spec import DATA_KINDS, DataKind
 
     assert list(GENERATORS) == list(DATA_KINDS) == list(typing.get_args(DataKind))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from phasesweep.analysis.calibration import synthetic_sweep
+from phasesweep.analysis._calibration import synthetic_sweep
 from phasesweep.pipeline.spec import PlotSpec, SweepSpec
 from phasesweep.storage import Store, run_query
 from phasesweep.storage.schema import COLUMN_DOCS, TABLE_DOCS
@@ -50,7 +50,7 @@ def test_every_spec_key_has_a_description_in_the_reference():
 
 
 def test_every_store_column_is_documented():
-    types = _reference._view_types()
+    types = _reference.view_types()
     assert set(types) == set(COLUMN_DOCS) == set(TABLE_DOCS)
     for table, columns in types.items():
         assert {c for c, _ in columns} == set(COLUMN_DOCS[table]), table

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
-from phasesweep.pipeline.grid import expand
+from phasesweep.pipeline._grid import expand
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.storage.schema import log_steps
 
@@ -255,10 +255,10 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
 
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
-    from phasesweep.pipeline.driver import train_and_store
-    from phasesweep.pipeline.grid import Chunk
+    from phasesweep.pipeline._driver import train_and_store
+    from phasesweep.pipeline._grid import Chunk
     from phasesweep.storage import Store
-    from phasesweep.storage.claims import Claims
+    from phasesweep.storage._claims import Claims
 
     store = Store.open(str(tmp_path / "store"))
     spec = tiny_spec()
@@ -278,7 +278,7 @@ def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go
     tmp_path, tiny_spec, phasesweep_cli, short_tmp
 ):
     from phasesweep.storage import Store
-    from phasesweep.storage.claims import Claims, Renewer
+    from phasesweep.storage._claims import Claims, Renewer
 
     store = tmp_path / "store"
     spec = tiny_spec()

@@ -1,6 +1,6 @@
 """Figures as a registry, and figures that never abort and never mislead.
 
-On the synthetic store (closed-form curves, :mod:`analysis.calibration`): a figure
+On the synthetic store (closed-form curves, :mod:`analysis._calibration`): a figure
 that fails is skipped with a warning and the rest is written; legends list only
 what is drawn; wide-ranging values get log colour scales; spread on log axes stays
 positive; ``draw`` fills a caller's ``Axes``; output never goes through a symlink.
@@ -19,11 +19,12 @@ import yaml
 from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
 from matplotlib.collections import LineCollection, QuadMesh
-from phasesweep.analysis import analyze, draw, figures, plot, report
+from phasesweep.analysis import analyze
+from phasesweep.analysis import draw, figures, plot, report
+from phasesweep.analysis._output import OutputError
+from phasesweep.analysis._plotting import check_plots
 from phasesweep.analysis.figures import Unavailable
-from phasesweep.analysis.output import OutputError
-from phasesweep.analysis.plotting import check_plots
-from phasesweep.pipeline.cli import main
+from phasesweep.pipeline._cli import main
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.storage import open_catalog
 

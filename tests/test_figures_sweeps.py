@@ -19,10 +19,10 @@ import pytest
 import yaml
 from matplotlib import pyplot as plt
 from phasesweep.analysis import draw, report
-from phasesweep.analysis.plotting import open_sweep, plots_for
-from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.analysis._plotting import open_sweep, plots_for
+from phasesweep.pipeline._grid import expand, make_chunks
+from phasesweep.pipeline._trainer import train_chunk
 from phasesweep.pipeline.spec import load_spec
-from phasesweep.pipeline.trainer import train_chunk
 from phasesweep.storage import Store, open_catalog
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"

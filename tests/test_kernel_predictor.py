@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline._grid import expand, make_chunks
+from phasesweep.pipeline._trainer import ChunkTrainer
 from phasesweep.pipeline.spec import validate_spec
-from phasesweep.pipeline.trainer import ChunkTrainer
 from torch.func import functional_call, jacrev
 
 torch.set_num_threads(1)
@@ -124,7 +124,7 @@ def test_kernel_predictor_null_where_it_does_not_apply():
 
 
 def test_lin_distance_as_the_order_parameter_of_the_regimes():
-    from phasesweep.analysis.analyze import analyze_frames
+    from phasesweep.analysis._analyze import analyze_frames
     from phasesweep.pipeline.spec import AnalysisConfig
 
     spec = validate_spec(
@@ -155,7 +155,7 @@ def test_lin_distance_as_the_order_parameter_of_the_regimes():
 
 def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
     # the recorder of a large chunk works in blocks of members: each gets its own times
-    import phasesweep.pipeline.trainer as trainer_mod
+    import phasesweep.pipeline._trainer as trainer_mod
 
     spec = validate_spec(
         {

@@ -96,8 +96,8 @@ def _modules() -> list[tuple[Path, str, bool]]:
 def test_every_module_keeps_to_its_layer():
     mods = _modules()
     assert {m for _, m, _ in mods} >= {
-        "phasesweep.storage.store",
-        "phasesweep.analysis.plotting",
+        "phasesweep.storage._store",
+        "phasesweep.analysis._plotting",
         "phasesweep.analysis.figures._kind",
         "phasesweep.pipeline.spec",
     }
@@ -108,18 +108,18 @@ def test_every_module_keeps_to_its_layer():
 @pytest.mark.parametrize(
     "module, source, target",
     [
-        ("phasesweep.storage.store", "from phasesweep.pipeline.spec import SpecError", "pipeline"),
+        ("phasesweep.storage._store", "from phasesweep.pipeline.spec import SpecError", "pipeline"),
         (
-            "phasesweep.storage.catalog",
-            "def f():\n    import phasesweep.analysis.phase",
+            "phasesweep.storage._catalog",
+            "def f():\n    import phasesweep.analysis._phase",
             "analysis",
         ),
-        ("phasesweep.analysis.plotting", "from phasesweep.pipeline import spec", "pipeline"),
+        ("phasesweep.analysis._plotting", "from phasesweep.pipeline import spec", "pipeline"),
         ("phasesweep.analysis.figures._kind", "from ...pipeline.grid import expand", "pipeline"),
-        ("phasesweep.analysis.report", "from phasesweep import _api", "_api"),
+        ("phasesweep.analysis._report", "from phasesweep import _api", "_api"),
         ("phasesweep.analysis.config", "from phasesweep.storage import schema", "storage"),
-        ("phasesweep.pipeline.launch", "from phasesweep.analysis.plotting import x", "analysis"),
-        ("phasesweep.pipeline.cli", "from phasesweep import analysis", "analysis"),
+        ("phasesweep.pipeline._launch", "from phasesweep.analysis._plotting import x", "analysis"),
+        ("phasesweep.pipeline._cli", "from phasesweep import analysis", "analysis"),
         ("phasesweep._config", "from phasesweep.pipeline.spec import SweepSpec", "pipeline"),
     ],
 )
@@ -133,9 +133,9 @@ def test_a_forbidden_import_is_found(module, source, target):
     "module, source",
     [
         ("phasesweep.pipeline.spec", "from phasesweep.analysis.config import PlotSpec"),
-        ("phasesweep.analysis.plotting", "from phasesweep.storage import open_catalog"),
+        ("phasesweep.analysis._plotting", "from phasesweep.storage import open_catalog"),
         ("phasesweep.analysis.figures._kind", "from .. import style"),
-        ("phasesweep.storage.store", "from phasesweep._config import SpecError"),
+        ("phasesweep.storage._store", "from phasesweep._config import SpecError"),
     ],
 )
 def test_an_allowed_import_passes(module, source):
@@ -161,16 +161,20 @@ def test_config_modules_load_neither_pandas_nor_matplotlib():
     assert not {"pandas", "pyarrow", "duckdb", "matplotlib", "torch", "ray"} & set(spec)
 
 
-def test_the_analysis_functions_keep_their_names_after_their_modules_load():
-    """``analysis.analyze`` and ``analysis.report`` are functions (the package is lazy, and
-    the import system binds a loaded submodule of the same name to the package)."""
+def test_the_lazy_analysis_package_resolves_its_public_functions():
+    """The package's public functions come from its private modules on first access, also
+    once those modules are loaded (``phasesweep.analysis.__init__`` stays light)."""
     code = (
-        "import phasesweep.analysis.analyze, phasesweep.analysis.report\n"
+        "import phasesweep.analysis._analyze, phasesweep.analysis._report\n"
         "import phasesweep.analysis as a\n"
-        "print(all(callable(f) and f.__module__.endswith('.' + f.__name__)"
-        " for f in (a.analyze, a.report)), a.draw.__name__, a.plot.__name__)"
+        "print(*[f'{f.__module__}.{f.__name__}' for f in (a.analyze, a.report, a.draw, a.plot)])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
-    assert out.stdout.split() == ["True", "draw", "plot"]
+    assert out.stdout.split() == [
+        "phasesweep.analysis._analyze.analyze",
+        "phasesweep.analysis._report.report",
+        "phasesweep.analysis._plotting.draw",
+        "phasesweep.analysis._plotting.plot",
+    ]

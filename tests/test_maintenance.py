@@ -19,7 +19,7 @@ from phasesweep.storage import (
     schema,
     verify,
 )
-from phasesweep.storage import store as store_mod
+from phasesweep.storage import _store as store_mod
 
 
 def _fill(store: Store, make) -> dict[str, set[str]]:

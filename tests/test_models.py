@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline.models import EnsembleMLP, Params, loss_and_grads
+from phasesweep.pipeline._models import EnsembleMLP, Params, loss_and_grads
 from phasesweep.pipeline.spec import ModelConfig
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Correctness of the optimised training step (pipeline.models.EnsembleStep) and of the
+"""Correctness of the optimised training step (pipeline._models.EnsembleStep) and of the
 trainer's fused step loop and chunk sizing. No timings: the speed is benchmarks/' job."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline.grid import Chunk, expand, make_chunks
-from phasesweep.pipeline.models import (
+from phasesweep.pipeline._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline._models import (
     CPU_BLOCK_BYTES,
     EnsembleMLP,
     EnsembleStep,
@@ -18,8 +18,8 @@ from phasesweep.pipeline.models import (
     block_bytes_per_member,
     loss_and_grads,
 )
+from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
-from phasesweep.pipeline.trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 
@@ -131,7 +131,7 @@ def test_block_size_from_cache_budget_is_balanced():
         [torch.zeros(256, o, i, dtype=torch.float64) for i, o in zip(net.dims[:-1], net.dims[1:])],
         None,
     )
-    _, blocks = step._blocks_for(params, x)
+    _, blocks = step.blocks_for(params, x)
     sizes = [k.e - k.s for k in blocks]
     assert sum(sizes) == 256 and max(sizes) <= b and max(sizes) - min(sizes) <= 1
     assert [k.s for k in blocks[1:]] == [k.e for k in blocks[:-1]]
@@ -235,7 +235,7 @@ def test_make_chunks_balanced_and_min_chunks():
 
 @pytest.mark.parametrize("kind", ["subspace", "symmetric"])
 def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, kind):
-    import phasesweep.pipeline.trainer as trainer_mod
+    import phasesweep.pipeline._trainer as trainer_mod
 
     data = {"kind": kind, "n_train": 16, "n_test": 20, "input_dim": 5}
     if kind == "subspace":

@@ -8,8 +8,11 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
-from phasesweep.analysis.calibration import synthetic_sweep
+from phasesweep.analysis import analyze
+from phasesweep.analysis import figures, phase_diagram_sql, plot
+from phasesweep.analysis._calibration import synthetic_sweep
+from phasesweep.analysis._plotting import context, default_plots, render_all, swept_axes
+from phasesweep.analysis._style import fmt, save
 from phasesweep.analysis.config import PlotSpec, StoredSweep
 from phasesweep.analysis.figures import (
     escape_time_figure,
@@ -17,8 +20,6 @@ from phasesweep.analysis.figures import (
     phase_diagram_figure,
     transversal_figure,
 )
-from phasesweep.analysis.plotting import context, default_plots, render_all, swept_axes
-from phasesweep.analysis.style import fmt, save
 from phasesweep.storage import Store, open_catalog
 
 from phasesweep._config import SpecError

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline.cli import main
+from phasesweep.pipeline._cli import main
 from phasesweep.storage import run_query
 
 README = Path(__file__).resolve().parents[1] / "README.md"

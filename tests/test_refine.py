@@ -24,9 +24,9 @@ import pytest
 import refine_synthetic as syn
 import yaml
 from optuna.trial import TrialState
-from phasesweep.pipeline.cli import main
-from phasesweep.pipeline.levelset import LINE, LevelSetSampler, X
-from phasesweep.pipeline.refine import child_name, refine
+from phasesweep.pipeline._cli import main
+from phasesweep.pipeline._levelset import LINE, LevelSetSampler, X
+from phasesweep.pipeline._refine import child_name, refine
 from phasesweep.storage import Store, run_query
 from test_store_s3 import s3_server, s3_store  # noqa: F401 (fixtures)
 
@@ -160,7 +160,7 @@ def test_synthetic_refinement_store_table_and_child_sweep(synth_store, tmp_path)
 
     spec = validate_spec(parse_yaml(synth_store.read_spec(child)))
     assert spec.parent == "synth" and spec.name == child
-    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline._grid import expand
 
     assert set(trained) <= {p.run_id for p in expand(spec)}  # every refined point is a grid point
     # a second refine finds nothing to do and trains nothing
@@ -193,7 +193,7 @@ def test_a_training_failure_fails_the_batch_and_the_next_refine_retries_it(synth
     trained = syn.trained(log)
     assert len(trained) == len(set(trained)) == 16
     _check_boundaries(synth_store)
-    from phasesweep.pipeline.refine import open_study, plan
+    from phasesweep.pipeline._refine import open_study, plan
 
     with open_study(plan(synth_store, "synth", "final_train_loss", syn.LEVEL)) as (study, *_):
         trials = study.get_trials()
@@ -240,7 +240,7 @@ def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
     assert len(trained) == len(set(trained)) == 16
     _check_boundaries(synth_store)
     # the dead process's trials were finished, not asked again: 8 trials, all complete
-    from phasesweep.pipeline.refine import open_study, plan
+    from phasesweep.pipeline._refine import open_study, plan
 
     with open_study(plan(synth_store, "synth", "final_train_loss", syn.LEVEL)) as (study, *_):
         states = Counter(t.state for t in study.get_trials())
@@ -317,10 +317,10 @@ TINY_REAL = {
 def test_real_refinement_store_table_and_overlay(tmp_path):
     """Refine where param_rel_change of :data:`TINY_REAL` crosses 0.25, in this process."""
     from matplotlib import pyplot as plt
-    from phasesweep.analysis.boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
+    from phasesweep.analysis._boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
     from phasesweep.analysis.figures import phase_diagram_figure
-    from phasesweep.pipeline.driver import train_and_store
-    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline._driver import train_and_store
+    from phasesweep.pipeline._grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     raw = dict(TINY_REAL, grid={"width": [8, 32], "init_scale": [0.1, 0.3, 1.0], "seed": [0, 1]})
@@ -391,7 +391,7 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
 def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noqa: F811
     """On an object store the journal lives in the store (a copy per batch): a second
     refine, starting from a fresh local copy, goes on from the first one's trials."""
-    from phasesweep.pipeline.refine import open_study, plan
+    from phasesweep.pipeline._refine import open_study, plan
 
     syn.make_parent(s3_store)
     log = str(tmp_path / "trained.log")
@@ -409,8 +409,8 @@ def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noq
 
 def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli):
     """The command's default path: every batch is a Ray Tune run of ensemble chunks."""
-    from phasesweep.pipeline.driver import train_and_store
-    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline._driver import train_and_store
+    from phasesweep.pipeline._grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     raw = dict(TINY_REAL, grid={"width": [8], "init_scale": [0.1, 1.0], "seed": [0, 1]})
@@ -434,7 +434,7 @@ def test_benchmark_design_meets_its_run_target_and_fits_a_known_exponent(monkeyp
     """The full benchmark's grids (no training): refine's runs when every line bisects
     its coarse decade down to the dense spacing are <= 10 % of the dense grid's; the
     exponent fit recovers a known power law."""
-    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline._grid import expand
     from phasesweep.pipeline.spec import validate_spec
 
     monkeypatch.syspath_prepend(str(HERE.parent))

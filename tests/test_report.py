@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 from phasesweep.analysis import report
-from phasesweep.analysis.report import ReportFigure, report_html
+from phasesweep.analysis._report import ReportFigure, report_html
 from phasesweep.storage import open_catalog
 
 SWEEP = "rep"
@@ -175,7 +175,7 @@ def prov_store(tmp_path_factory):
     from datetime import datetime, timedelta, timezone
 
     import pyarrow as pa
-    from phasesweep.analysis.calibration import synthetic_sweep
+    from phasesweep.analysis._calibration import synthetic_sweep
     from phasesweep.storage import Store
 
     st = Store.open(str(tmp_path_factory.mktemp("prov")))
@@ -221,7 +221,7 @@ def prov_store(tmp_path_factory):
 def test_report_states_its_provenance(prov_store, tmp_path):
     import subprocess
 
-    from phasesweep.analysis.report import duration
+    from phasesweep.analysis._report import duration
 
     import phasesweep
 
@@ -268,7 +268,7 @@ def test_report_states_its_provenance(prov_store, tmp_path):
 
 
 def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
-    from phasesweep.analysis.report import code_commit
+    from phasesweep.analysis._report import code_commit
 
     import phasesweep
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline._grid import expand, make_chunks
+from phasesweep.pipeline._trainer import ChunkTrainer
 from phasesweep.pipeline.spec import validate_spec
-from phasesweep.pipeline.trainer import ChunkTrainer
 
 F64 = torch.float64
 

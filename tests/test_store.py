@@ -18,9 +18,9 @@ from phasesweep.storage import (
     safe_output_path,
     schema,
 )
-from phasesweep.storage import store as store_mod
-from phasesweep.storage import writer as writer_mod
-from phasesweep.storage.writer import parquet_bytes, put_atomic
+from phasesweep.storage import _store as store_mod
+from phasesweep.storage import _writer as writer_mod
+from phasesweep.storage._writer import parquet_bytes, put_atomic
 
 
 def _rows(con, sql: str) -> list[dict]:

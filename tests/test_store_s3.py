@@ -14,7 +14,7 @@ from phasesweep.storage import (
     run_query,
     verify,
 )
-from phasesweep.storage import store as store_mod
+from phasesweep.storage import _store as store_mod
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from matplotlib import pyplot as plt
 from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from phasesweep.analysis import style
+from phasesweep.analysis import _style as style
+from phasesweep.analysis._phase import AXES
 from phasesweep.analysis.config import AnalysisConfig, PlotSpec, StoredSweep
-from phasesweep.analysis.phase import AXES
-from phasesweep.storage.catalog import sql_string
+from phasesweep.storage._catalog import sql_string
 
 from phasesweep._config import SpecError
 
@@ -39,7 +39,7 @@ class Unavailable(Exception):
 class Context:
     """One sweep as the figures see it: an open catalog, the stored spec, its runs.
 
-    Built once per ``plot``/``report`` call (:func:`analysis.plotting.context`) and
+    Built once per ``plot``/``report`` call (:func:`analysis._plotting.context`) and
     passed to every figure, so the catalog is opened and the spec loaded once.
     ``axes``: the swept ``runs`` columns besides the seed, in grid order.
     """

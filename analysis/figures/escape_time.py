@@ -12,7 +12,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from phasesweep.analysis import style
+from phasesweep.analysis import _style as style
+from phasesweep.analysis._style import fmt, label, short_label
 from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
@@ -29,7 +30,6 @@ from phasesweep.analysis.figures._kind import (
     sorted_values,
     subtitle,
 )
-from phasesweep.analysis.style import fmt, label, short_label
 from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 from phasesweep._config import SpecError
@@ -247,7 +247,7 @@ class EscapeTime(FigureKind):
             raise Unavailable("no completed run with a summary (run analyze)")
         if pts["escape_time"].notna().sum() == 0:
             raise Unavailable("no run escaped (escape_time is NULL for every completed run)")
-        from phasesweep.analysis.analyze import fit_mask
+        from phasesweep.analysis._analyze import fit_mask
 
         pts["in_fit"] = fit_mask(pts, ctx.cfg)
         fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")

@@ -10,7 +10,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from phasesweep.analysis import style
+from phasesweep.analysis import _style as style
+from phasesweep.analysis._style import fmt, label, short_label
 from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
@@ -27,7 +28,6 @@ from phasesweep.analysis.figures._kind import (
     sorted_values,
     subtitle,
 )
-from phasesweep.analysis.style import fmt, label, short_label
 
 #: at most this many hue values get a legend of their own colours; more get a colour bar.
 MAX_LEGEND_HUES = 8

@@ -1,6 +1,6 @@
 """Phase diagram: a heatmap of a final value over two swept axes, mean over seeds.
 
-Its data is the single query of :func:`analysis.phase.phase_diagram_sql`. The
+Its data is the single query of :func:`analysis._phase.phase_diagram_sql`. The
 colour scale is logarithmic where the cell values span more than two decades
 (order parameters of lazy runs reach round-off, 1e-16 ... 1e-1).
 """
@@ -15,8 +15,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from phasesweep.analysis import style
-from phasesweep.analysis.boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
+from phasesweep.analysis import _style as style
+from phasesweep.analysis._boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
+from phasesweep.analysis._phase import VALUES, phase_diagram_sql
+from phasesweep.analysis._style import fmt, label, short_label
 from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Y_PREFERENCE,
@@ -34,8 +36,6 @@ from phasesweep.analysis.figures._kind import (
     spans_decades,
     subtitle,
 )
-from phasesweep.analysis.phase import VALUES, phase_diagram_sql
-from phasesweep.analysis.style import fmt, label, short_label
 
 from phasesweep._config import SpecError
 
@@ -55,7 +55,7 @@ def phase_diagram_figure(
     ax: Axes | None = None,
     boundaries: pd.DataFrame | None = None,
 ) -> Figure:
-    """Heatmap of ``cells`` (rows of :func:`analysis.phase.phase_diagram_sql`).
+    """Heatmap of ``cells`` (rows of :func:`analysis._phase.phase_diagram_sql`).
 
     Colour: the mean final ``value`` over a cell's completed runs, on a log scale
     where the values span more than two decades (cells at or below 0 then take the

@@ -11,7 +11,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from phasesweep.analysis import style
+from phasesweep.analysis import _style as style
+from phasesweep.analysis._style import fmt, label, short_label
 from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
     Context,
@@ -29,7 +30,6 @@ from phasesweep.analysis.figures._kind import (
     sorted_values,
     subtitle,
 )
-from phasesweep.analysis.style import fmt, label, short_label
 
 _Y = "final_transversal_grad_sq"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from phasesweep.analysis.style import fmt
+from phasesweep.analysis._style import fmt
 from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 _CSS = """
@@ -397,10 +397,10 @@ def report(
     ``commit``, ``started_at``, ``finished_at``), shown when given; ``command``: the
     command line that makes the report (default ``sys.argv``). Returns the page's path.
     """
-    from phasesweep.analysis.boundaries import boundaries_frame
-    from phasesweep.analysis.output import prepare_dir, write_file
-    from phasesweep.analysis.plotting import default_out_dir, open_sweep, render_all, upload
-    from phasesweep.storage.store import as_store
+    from phasesweep.analysis._boundaries import boundaries_frame
+    from phasesweep.analysis._output import prepare_dir, write_file
+    from phasesweep.analysis._plotting import default_out_dir, open_sweep, render_all, upload
+    from phasesweep.storage._store import as_store
 
     store = as_store(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)

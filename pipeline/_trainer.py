@@ -1,7 +1,7 @@
 """The vectorized ensemble trainer: one chunk of grid points trains as one ensemble.
 
 Per step, for all members at once: forward and hand-written backward
-(:class:`pipeline.models.EnsembleStep`), loss-crossing events, divergence
+(:class:`pipeline._models.EnsembleStep`), loss-crossing events, divergence
 masks, and the update ``θ ← θ − η_k ∇L`` with a per-member ``η_k``. Nothing in
 the step synchronises with the host or loops over members; the host is
 consulted only at logged steps, where metrics are recorded.
@@ -29,13 +29,13 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline.datasets import DataBatch, data_seed, make_dataset, stack
-from phasesweep.pipeline.grid import Chunk, member_lr
-from phasesweep.pipeline.init import init_params
-from phasesweep.pipeline.metrics import MetricRecorder, probe_count
-from phasesweep.pipeline.models import EnsembleMLP, EnsembleStep, Params, equal_blocks
-from phasesweep.pipeline.runs import runs_table
-from phasesweep.pipeline.seeding import derive_seed, permutations
+from phasesweep.pipeline._datasets import DataBatch, data_seed, make_dataset, stack
+from phasesweep.pipeline._grid import Chunk, member_lr
+from phasesweep.pipeline._init import init_params
+from phasesweep.pipeline._metrics import MetricRecorder, probe_count
+from phasesweep.pipeline._models import EnsembleMLP, EnsembleStep, Params, equal_blocks
+from phasesweep.pipeline._runs import runs_table
+from phasesweep.pipeline._seeding import derive_seed, permutations
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, log_steps, to_table
 from torch import Tensor
 
@@ -97,7 +97,7 @@ class _Log:
 
 
 class ChunkTrainer:
-    """Trains one :class:`~pipeline.grid.Chunk` as a vectorized ensemble.
+    """Trains one :class:`~pipeline._grid.Chunk` as a vectorized ensemble.
 
     ``device``: torch device for the whole chunk; ``node_id``: the Ray node training it
     (stored in ``runs``; None outside Ray). Construction draws data and initial weights
@@ -140,6 +140,7 @@ class ChunkTrainer:
         self.sgd_seeds = torch.tensor(
             [derive_seed(c.train.seed, "sgd") for c in self.configs], device=self.device
         )
+        self._perm: Tensor | None = None  # this epoch's group permutation, (E, groups)
 
     # -- learning-rate schedule --------------------------------------------------------
     def _eta(self, k: int, params: Params) -> Tensor:
@@ -157,7 +158,7 @@ class ChunkTrainer:
         return torch.minimum(self.lr, t.lr_c * norm.pow(2 - depth))
 
     # -- minibatches ---------------------------------------------------------------------
-    def _minibatch(self, k: int) -> tuple[Tensor, Tensor]:
+    def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
         """Member-wise minibatch of step k (without replacement within an epoch; groups kept)."""
         t, b = self.base.train, self.batch
         g = b.group_size
@@ -237,7 +238,7 @@ class ChunkTrainer:
         for k in range(start, steps + 1):
             if hook is not None and k % HOOK_EVERY == 0 and k > start:
                 hook(k, state)
-            x, y = self._minibatch(k) if sgd else (b.x_train, b.y_train)
+            x, y = self.minibatch(k) if sgd else (b.x_train, b.y_train)
             log_now = k in logged
             if log_now:  # the metrics need θ_k and ∇L(θ_k): gradients first, update below
                 loss, grads = stepper.loss_and_grads(params, x, y, grads)

@@ -9,7 +9,7 @@ the launch removes at its end, or the next launch after a kill.
 Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
 cluster (:func:`connect`); an unreachable address fails within seconds.
 
-Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage.claims`:
+Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage._claims`:
 exclusive create, leases renewed while it trains, taken over when the holder
 dies), re-reads the done run ids, trains only what it got and releases after its
 commit. A launch that finds points claimed by a live other launch waits for them
@@ -30,7 +30,7 @@ interrupted (exit 130). A second SIGINT stops at once.
 
 Progress: trials report their chunk's member-steps every :data:`PROGRESS_EVERY`
 seconds from the trainer's step hook (the hook reads the clock only every
-:data:`~phasesweep.pipeline.trainer.HOOK_EVERY` steps), so points done, member-steps
+:data:`~phasesweep.pipeline._trainer.HOOK_EVERY` steps), so points done, member-steps
 per second and the ETA move during a chunk.
 """
 
@@ -56,11 +56,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from phasesweep.pipeline.grid import Chunk, Point
-from phasesweep.pipeline.runs import runs_table
+from phasesweep.pipeline._grid import Chunk, Point
+from phasesweep.pipeline._runs import runs_table
 from phasesweep.pipeline.spec import RunConfig, SpecError
 from phasesweep.storage import Store
-from phasesweep.storage.claims import Claims, Renewer
+from phasesweep.storage._claims import Claims, Renewer
 from tqdm.auto import tqdm
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
@@ -189,7 +189,7 @@ def train_and_store(
     """Train the chunk's members that the store does not hold and no one else is
     training, and commit them.
 
-    Claims the points first (:mod:`phasesweep.storage.claims`), re-reads the done run
+    Claims the points first (:mod:`phasesweep.storage._claims`), re-reads the done run
     ids after claiming, resumes from a checkpoint of exactly these points if one
     exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
     launch's stop marker appears, and commits only the points it still owns.
@@ -198,7 +198,7 @@ def train_and_store(
     (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
     and ``interrupted``.
     """
-    from phasesweep.pipeline.trainer import train_chunk
+    from phasesweep.pipeline._trainer import train_chunk
 
     store = Store.open(store_uri)
     summary = {"points": 0, "skipped": 0, "busy": 0, "diverged": 0, "interrupted": False}
@@ -678,6 +678,6 @@ def _describe(error: BaseException) -> str:
 
 def flops_estimate(points: Sequence[Point]) -> float:
     """Training FLOPs of the points (forward + backward, all steps)."""
-    from phasesweep.pipeline.grid import flops_per_step
+    from phasesweep.pipeline._grid import flops_per_step
 
     return float(np.sum([flops_per_step(p.config) * p.config.train.steps for p in points]))

@@ -7,7 +7,7 @@ x, x′ is
 
 (for k = 1 the usual scalar NTK; for k > 1 the trace of the k×k kernel
 matrix). With layer ``l`` computing ``z_l = c_l · W_l h_{l−1} + b_l`` (see
-:mod:`pipeline.models`), ∂f_o/∂W_l[j, i] = c_l δ^o_l[j] h_{l−1}[i] with
+:mod:`pipeline._models`), ∂f_o/∂W_l[j, i] = c_l δ^o_l[j] h_{l−1}[i] with
 δ^o_l = ∂f_o/∂z_l, so the Jacobian never needs to be materialised:
 
     K = Σ_l  D_l ∘ (c_l² H_{l−1} H_{l−1}ᵀ + [bias] 1 1ᵀ),   D_l = Σ_o Δ^o_l Δ^o_lᵀ,
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from phasesweep.pipeline.models import EnsembleMLP, Forward, Params
+from phasesweep.pipeline._models import EnsembleMLP, Forward, Params
 from torch import Tensor
 
 

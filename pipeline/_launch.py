@@ -2,11 +2,11 @@
 
 The CLI (``phasesweep run`` / ``status``) and the Python API (``phasesweep.run``) are thin
 layers over these functions; nothing here prints except the progress bar of
-:func:`~phasesweep.pipeline.driver.run_chunks`.
+:func:`~phasesweep.pipeline._driver.run_chunks`.
 
 Concurrency: the store is the single source of truth. A plan is a snapshot of what the
 store held when it was made; trials claim their points in the store before training
-(:mod:`phasesweep.storage.claims`) and re-read it, so points stored or being trained by
+(:mod:`phasesweep.storage._claims`) and re-read it, so points stored or being trained by
 another launch are skipped or waited for, never trained twice.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline.driver import (
+from phasesweep.pipeline._driver import (
     SweepOutcome,
     connect,
     flops_estimate,
     run_chunks,
     trial_slots,
 )
-from phasesweep.pipeline.grid import (
+from phasesweep.pipeline._grid import (
     Chunk,
     Point,
     axis_path,
@@ -44,8 +44,8 @@ from phasesweep.pipeline.spec import (
     parse_yaml,
     validate_spec,
 )
-from phasesweep.storage.catalog import sql_string
-from phasesweep.storage.store import Store, as_store
+from phasesweep.storage._catalog import sql_string
+from phasesweep.storage._store import Store, as_store
 
 #: What a spec can be given as: a YAML file, a raw dict (as in YAML), or a validated spec.
 SpecSource = str | Path | Mapping[str, Any] | SweepSpec
@@ -287,7 +287,7 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
     """Counts of stored runs by sweep and status; with ``sweep``, also its grid size.
 
     The counts come from the store (one grouped query), the grid size from the stored
-    spec's axis sizes (:func:`~phasesweep.pipeline.grid.grid_size`): nothing is
+    spec's axis sizes (:func:`~phasesweep.pipeline._grid.grid_size`): nothing is
     expanded, so a stored grid of any size answers in bounded memory and time.
     """
     from phasesweep.storage import run_query

@@ -30,7 +30,7 @@ Schemes (``model.init``):
   output is 0 up to rounding (|f| ≤ m·u·Σ_j |a_j h_j|, u the unit roundoff).
   The mirroring precedes the scaling, so ``frobenius`` still gives ‖W_l‖_F = g.
 
-- ``file``: the researcher's weights from ``init_path`` (``pipeline.user_data``): the
+- ``file``: the researcher's weights from ``init_path``: the
   member's own ``W<l>_seed<s>`` (s its ``train.seed``), else the shared ``W<l>``, times
   g; nothing is drawn.
 
@@ -44,11 +44,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline.datasets import orthogonal_matrix
-from phasesweep.pipeline.models import EnsembleMLP, Params
-from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline._datasets import orthogonal_matrix
+from phasesweep.pipeline._models import EnsembleMLP, Params
+from phasesweep.pipeline._seeding import generator
+from phasesweep.pipeline._user_data import load_weights, member_weights
 from phasesweep.pipeline.spec import ModelConfig
-from phasesweep.pipeline.user_data import load_weights, member_weights
 
 
 def _unit(n: int, gen: torch.Generator) -> torch.Tensor:

@@ -20,7 +20,7 @@ Definition (per run, on the logged train loss ``L(t)``, ``t`` = gradient-flow ti
   escape time (its relative threshold would sit inside the round-off noise of
   the plateau). Diverged runs get NULL from the caller.
 
-Everything is vectorized over runs (see :mod:`analysis.series`).
+Everything is vectorized over runs (see :mod:`analysis._series`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from phasesweep.analysis.series import Series, segment_last_true
+from phasesweep.analysis._series import Series, segment_last_true
 
 
 def escape_times(

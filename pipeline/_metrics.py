@@ -16,7 +16,7 @@ trajectories
     ``param_norm``        ‖θ(t)‖.  ``grad_norm``: ‖∇_θ L‖ (full training loss).
     ``output_norm``       RMS of f over the probe set, √(mean_{x,o} f_o(x)²).
     ``kernel_distance``   1 − ⟨K_t, K_0⟩_F / (‖K_t‖_F ‖K_0‖_F) of the empirical NTK
-                          (:mod:`pipeline.ntk`; trace kernel over outputs); needs ``metrics.ntk``.
+                          (:mod:`pipeline._ntk`; trace kernel over outputs); needs ``metrics.ntk``.
     ``kernel_alignment``  ⟨K_t, YYᵀ⟩_F / (‖K_t‖_F ‖YYᵀ‖_F), Y the probe labels
                           (= ⟨K, yyᵀ⟩ / (‖K‖ ‖y‖²) for one output).
     ``kernel_rel_change`` ‖K_t − K_0‖_F / ‖K_0‖_F: first order in the kernel's movement
@@ -39,7 +39,7 @@ trajectories
     ``probe_test_loss``   the loss 1/(2P) Σ ‖f − y‖² on the probe set.
     ``lin_test_loss``     the same loss of the kernel predictor: the linearized model at
                           θ(0) (NTK at init on the training set) trained by gradient flow
-                          to the same time t (:class:`pipeline.ntk.KernelFlow`, closed form).
+                          to the same time t (:class:`pipeline._ntk.KernelFlow`, closed form).
     ``lin_distance``      RMS over the probe set of f(t) − f_lin(t): how far the net is
                           from its linearization (small in the lazy regime). Both need
                           ``metrics.ntk`` and ``metrics.linearized``, one output and at
@@ -78,10 +78,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline.datasets import DataBatch
-from phasesweep.pipeline.grid import step_flops
-from phasesweep.pipeline.models import EnsembleMLP, Forward, Params, member_sq_norm
-from phasesweep.pipeline.ntk import (
+from phasesweep.pipeline._datasets import DataBatch
+from phasesweep.pipeline._grid import step_flops
+from phasesweep.pipeline._models import EnsembleMLP, Forward, Params, member_sq_norm
+from phasesweep.pipeline._ntk import (
     KernelFlow,
     empirical_ntk,
     extreme_eigenvalues,
@@ -90,8 +90,7 @@ from phasesweep.pipeline.ntk import (
     kernel_rel_change,
     sensitivities,
 )
-from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
-from phasesweep.pipeline.spectra import (
+from phasesweep.pipeline._spectra import (
     balance_matrix_drift,
     balance_scalar,
     eig_work,
@@ -101,6 +100,7 @@ from phasesweep.pipeline.spectra import (
     svd_work,
     top_singular_values,
 )
+from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
 from torch import Tensor
 
 #: Most elements (members × rows × width) of one block of test points in the

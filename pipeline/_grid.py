@@ -498,7 +498,7 @@ def make_chunks(points: Sequence[Point], spec: SweepSpec, min_chunks: int = 1) -
     many chunks where it has that many points, e.g. the number of trials that run
     at once (CPUs / CPUs per trial), so that every core gets a chunk. Cache
     efficiency does not depend on the chunk size: the trainer steps a chunk in
-    cache-sized blocks of members (:class:`pipeline.models.EnsembleStep`).
+    cache-sized blocks of members (:class:`pipeline._models.EnsembleStep`).
     """
     groups: dict[str, list[Point]] = {}
     cache: dict[int, str] = {}

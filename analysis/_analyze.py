@@ -20,12 +20,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from phasesweep.analysis import series as ser
+from phasesweep.analysis import _series as ser
+from phasesweep.analysis._escape import escape_times
+from phasesweep.analysis._plateaus import plateau_frame
+from phasesweep.analysis._regimes import classify
+from phasesweep.analysis._scaling import fit_scaling
 from phasesweep.analysis.config import AnalysisConfig, StoredSweep, stored_sweep
-from phasesweep.analysis.escape import escape_times
-from phasesweep.analysis.plateaus import plateau_frame
-from phasesweep.analysis.regimes import classify
-from phasesweep.analysis.scaling import fit_scaling
 from phasesweep.storage.schema import (
     ESCAPE_COLUMNS,
     ESCAPE_EPS,
@@ -199,7 +199,7 @@ def compute_fits(
     cfg: AnalysisConfig,
     group_axes: Sequence[str] = (),
 ) -> pd.DataFrame:
-    """Scaling fits of the escape times (see :mod:`analysis.scaling`).
+    """Scaling fits of the escape times (see :mod:`analysis._scaling`).
 
     Every group (depth and the other grid axes) of completed runs gets its rows,
     with NULL slopes where too few escape times pass :func:`fit_mask`.

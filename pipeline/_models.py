@@ -293,7 +293,7 @@ class EnsembleStep:
         per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size())
         return max(1, min(self.E, CPU_BLOCK_BYTES // per))
 
-    def _blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:
+    def blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:
         b, n = self.block_size(x), x.shape[1]
         tensors = params.tensors()
         key = (b, n, x.dtype, x.device)
@@ -386,7 +386,7 @@ class EnsembleStep:
         backward: bool = True,
     ) -> Tensor:
         E, n = self.E, x.shape[1]
-        bufs, blocks = self._blocks_for(params, x)
+        bufs, blocks = self.blocks_for(params, x)
         data = self._data_for(x, y, blocks)
         sq, scale = bufs[-2].view(E), bufs[-1].view(E)
         if backward:

@@ -6,7 +6,7 @@ other threshold without re-running anything.
 
 The values compared are the run's last logged ones ("final" below), or, with
 ``analysis.at_time``, those at that common gradient-flow time (see
-``analysis.analyze``), so that runs with different learning rates compare at equal t.
+``analysis._analyze``), so that runs with different learning rates compare at equal t.
 
 Rules, in order (vectorized over runs):
 

@@ -6,7 +6,7 @@ quoted (README) and run by hand: ``phasesweep query "$(python -c ...)"``.
 
 from __future__ import annotations
 
-from phasesweep.storage.catalog import sql_string
+from phasesweep.storage._catalog import sql_string
 
 #: Phase-diagram values: name -> column of ``summaries`` (final values per run).
 VALUES: dict[str, str] = {

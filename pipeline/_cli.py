@@ -348,7 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline.launch import execute
+    from phasesweep.pipeline._launch import execute
 
     from phasesweep import _api
 
@@ -495,7 +495,7 @@ def cmd_analysis(args: argparse.Namespace) -> int:
 
 
 def cmd_refine(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline.refine import refine
+    from phasesweep.pipeline._refine import refine
 
     from phasesweep._format import write_table
 
@@ -537,7 +537,7 @@ def _isnan(v: object) -> bool:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from phasesweep.storage.maintenance import verify
+    from phasesweep.storage._maintenance import verify
 
     store = _open_store(args.store)
     report = _maintain(verify, store, args.sweep, repair=args.repair)
@@ -551,7 +551,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from phasesweep.storage.maintenance import compact
+    from phasesweep.storage._maintenance import compact
 
     store = _open_store(args.store)
     report = _maintain(compact, store, args.sweep)
@@ -565,7 +565,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> object:
     """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error (exit 2)."""
     from phasesweep.pipeline.spec import SpecError
-    from phasesweep.storage.store import check_sweep
+    from phasesweep.storage._store import check_sweep
 
     if sweep is not None:
         try:

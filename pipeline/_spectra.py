@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from phasesweep.pipeline.models import Params, member_sq_norm
+from phasesweep.pipeline._models import Params, member_sq_norm
 from torch import Tensor
 
 #: Most elements of one (members × n × n) temporary of the matrix balance.

@@ -29,8 +29,8 @@ import pyarrow.fs as pafs
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from phasesweep.storage import schema
-from phasesweep.storage.manifest import check_entry, encode_entry, manifest_entry, sort_entries
-from phasesweep.storage.writer import parquet_bytes, put_atomic
+from phasesweep.storage._manifest import check_entry, encode_entry, manifest_entry, sort_entries
+from phasesweep.storage._writer import parquet_bytes, put_atomic
 
 from phasesweep._config import SWEEP_NAME
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
-from phasesweep.storage.catalog import LOCKED, SNAPSHOT_TRIES, create_views, snapshot
-from phasesweep.storage.store import Store, as_store
+from phasesweep.storage._catalog import LOCKED, SNAPSHOT_TRIES, create_views, snapshot
+from phasesweep.storage._store import Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 

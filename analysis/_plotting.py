@@ -25,13 +25,13 @@ from matplotlib import pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from phasesweep.analysis import figures
+from phasesweep.analysis._output import prepare_dir
+from phasesweep.analysis._phase import AXES
+from phasesweep.analysis._style import save
 from phasesweep.analysis.config import PlotSpec, StoredSweep, stored_sweep
 from phasesweep.analysis.figures import Context, Unavailable
 from phasesweep.analysis.figures._kind import Y_PREFERENCE
-from phasesweep.analysis.output import prepare_dir
-from phasesweep.analysis.phase import AXES
-from phasesweep.analysis.style import save
-from phasesweep.storage.store import as_store
+from phasesweep.storage._store import as_store
 
 from phasesweep._config import SpecError
 
@@ -160,7 +160,7 @@ def default_out_dir(store, sweep: str) -> Path:
 def open_sweep(store, sweep: str) -> Iterator[Context]:
     """The sweep's :class:`Context` over one catalog connection, analyzing it first if it has
     no summaries yet (the connection is then reopened once, to see the new tables)."""
-    from phasesweep.analysis.analyze import analyze_catalog
+    from phasesweep.analysis._analyze import analyze_catalog
     from phasesweep.storage import open_catalog
 
     text = store.read_spec(sweep)
@@ -194,7 +194,7 @@ def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
     for an object store they are also uploaded to ``STORE/figures/SWEEP/``. A
     figure that cannot be drawn is skipped with a warning. ``out_dir`` that is a
     file or a symbolic link (or holds one at a figure's name) raises
-    :class:`analysis.output.OutputError` and nothing is written there.
+    :class:`analysis._output.OutputError` and nothing is written there.
     """
     store = as_store(store)
     out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)

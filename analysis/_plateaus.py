@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from phasesweep.analysis.series import Series
+from phasesweep.analysis._series import Series
 from scipy.signal import find_peaks
 
 _TINY = 1e-300

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
-from phasesweep.storage.store import Store
+from phasesweep.storage._store import Store
 
 #: Default lease lifetime (seconds) without a renewal; overridable with ``$PHASESWEEP_LEASE_TTL``.
 LEASE_TTL = 60.0
@@ -133,7 +133,7 @@ class Lease:
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm_file(self.claims._point(run_id, g))
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(self.claims._lease(self.lease_id))
+            fs.rm_file(self.claims.lease_path(self.lease_id))
 
 
 class Claims:
@@ -174,7 +174,8 @@ class Claims:
         return {r for r, (_, lid) in owners.items() if alive.get(lid, False)}
 
     # -- files ------------------------------------------------------------------------
-    def _lease(self, lease_id: str) -> str:
+    def lease_path(self, lease_id: str) -> str:
+        """The store path of a lease's file (JSON: holder, host, pid, expiry)."""
         return f"{self.dir}/leases/{lease_id}.json"
 
     def _point(self, run_id: str, gen: int) -> str:
@@ -189,7 +190,7 @@ class Claims:
             "pid_start": _process_start(pid),
             "expires": time.time() + self.ttl,
         }
-        self.store.put(self._lease(lease_id), json.dumps(body).encode())
+        self.store.put(self.lease_path(lease_id), json.dumps(body).encode())
 
     def _read(self, path: str) -> str | None:
         try:
@@ -225,7 +226,7 @@ class Claims:
     def _alive(self, lease_ids: set[str | None]) -> dict[str, bool]:
         """Which of ``lease_ids`` are live (see the module docstring)."""
         ids = sorted(i for i in lease_ids if i)
-        paths = [self._lease(i) for i in ids]
+        paths = [self.lease_path(i) for i in ids]
         blobs = self.store.fs.cat(paths, on_error="omit") if paths else {}
         now, host = time.time(), socket.gethostname()
         alive = {}

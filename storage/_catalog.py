@@ -29,8 +29,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 from phasesweep.storage import schema
-from phasesweep.storage.manifest import manifest_table
-from phasesweep.storage.store import Store, as_store
+from phasesweep.storage._manifest import manifest_table
+from phasesweep.storage._store import Store, as_store
 
 #: Parquet-backed tables, ``runs`` first (see the snapshot note above).
 _TABLES = {

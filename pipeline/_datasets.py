@@ -45,7 +45,7 @@ Kinds (``data.kind``):
   e₁, e₂, i.e. [0,1], [2,0], [0,−3], [−4,0]; ``random``: a random orthonormal pair.
 - ``arrays``: the researcher's own x_train, y_train, x_test, y_test (and optionally the
   data subspace's basis, whose complement is the codimension), read from ``data.path``
-  and validated by :mod:`pipeline.user_data`; nothing is drawn (label noise still is).
+  and validated by :mod:`pipeline._user_data`; nothing is drawn (label noise still is).
 - ``digits``: scikit-learn's bundled 8×8 digits (64 features, 1797 images),
   restricted to ``classes``; a random train/test split from the data seed;
   features standardised with the training split's mean and std (pixels that are
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline.seeding import generator
+from phasesweep.pipeline._seeding import generator
 from phasesweep.pipeline.spec import DataConfig
 from torch import Tensor
 
@@ -300,7 +300,8 @@ def _xor(cfg: DataConfig, gen: torch.Generator) -> Dataset:
 
 
 @functools.lru_cache(maxsize=1)
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits: images (1797, 64) float64 in [0, 16], labels (1797,) int64."""
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -308,7 +309,7 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
-    images, target = _load_digits()
+    images, target = digits_arrays()
     classes = list(range(10)) if cfg.classes is None else list(cfg.classes)
     idx = np.flatnonzero(np.isin(target, classes))
     perm = torch.randperm(len(idx), generator=gen).numpy()
@@ -333,7 +334,7 @@ def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
 
 
 def _arrays(cfg: DataConfig, gen: torch.Generator) -> Dataset:
-    from phasesweep.pipeline.user_data import BASIS, codim_basis, load_arrays
+    from phasesweep.pipeline._user_data import BASIS, codim_basis, load_arrays
 
     arrays, _ = load_arrays(cfg.path)
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}

@@ -20,10 +20,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 from phasesweep.storage import schema
-from phasesweep.storage.catalog import LOCKED, create_views, snapshot
-from phasesweep.storage.manifest import encode_entry, manifest_entry
-from phasesweep.storage.store import Store, as_store
-from phasesweep.storage.writer import parquet_bytes
+from phasesweep.storage._catalog import LOCKED, create_views, snapshot
+from phasesweep.storage._manifest import encode_entry, manifest_entry
+from phasesweep.storage._store import Store, as_store
+from phasesweep.storage._writer import parquet_bytes
 
 #: Files of an attempt without a commit, and hidden temp files, younger than this are
 #: left alone by ``verify --repair``: they may belong to a write in progress.
@@ -303,7 +303,7 @@ def compact(
     ``verify``), and so are files of attempts that commit after compaction began.
 
     Order, so that a reader (whose snapshot lists ``runs``, then ``trajectories``
-    and ``layers``, then ``runs`` again; see ``storage.catalog``) never sees a row
+    and ``layers``, then ``runs`` again; see ``storage._catalog``) never sees a row
     twice or zero times:
 
     1. list the sweep's readable files (the snapshot to replace);

@@ -110,9 +110,9 @@ def save(fig: plt.Figure, out_dir: Path | str, name: str) -> list[Path]:
     """Write ``NAME.png`` and ``NAME.svg`` into ``out_dir``; close the figure; return the paths.
 
     Each file is written atomically and never through a symbolic link
-    (:mod:`analysis.output`).
+    (:mod:`analysis._output`).
     """
-    from phasesweep.analysis.output import prepare_dir, write_file
+    from phasesweep.analysis._output import prepare_dir, write_file
 
     out = prepare_dir(out_dir)
     paths = []
