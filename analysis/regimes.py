@@ -24,6 +24,22 @@ Rules, in order (vectorized over runs):
    (default: the same threshold), and ``order_parameter`` in the summary says which
    one. If both are NULL the regime is NULL.
 
+Width: the lazy/rich crossover of a depth-L net in the NTK parameterization sits at
+init scale g* ∝ width^(-1/(2L)) (relative weight movement ~ 1/(g^L sqrt(width))).
+On the lazy side ``param_rel_change`` ≈ C / (g^L sqrt(P)) once converged, a function
+of that scaling variable alone, so a fixed threshold well inside the lazy regime gives
+the theory's exponent: measured -0.250, 95 % [-0.261, -0.240] at threshold 0.03 (depth
+2, widths 256-4096, t = 3000; ``tests/test_regime_width_exponent.py``), drifting to
+-0.258, -0.275, -0.287 at thresholds 0.1, 0.3, 1 as the level leaves the lazy regime.
+``kernel_distance`` is *not* √width larger than ``param_rel_change`` at the boundary:
+both fall with the width at fixed g (kernel_distance faster), and fixed thresholds on
+``kernel_distance`` give boundaries steeper than the theory at these widths: -0.278,
+[-0.294, -0.262] at 0.01 (``sweeps/lazy_rich.yaml``'s rule), -0.293 at 0.001, -0.271
+at 0.1; plausibly the incoherent part of the kernel change (activation flips of either
+sign), whose share falls with the width. Read both at one gradient-flow time
+(``at_time``) late enough for the runs near the boundary to converge: at t = 1000 the
+small-g runs at large width lag, which steepens every exponent (-0.28 ... -0.32).
+
 Caveat: the kernel distance of a two-layer *linear* net barely moves even from
 a tiny init (its NTK keeps the ``‖W2‖² XXᵀ`` part, which only grows in scale),
 so such runs read "lazy" by ``kernel_distance`` while their weights move by
