@@ -24,6 +24,24 @@ Rules, in order (vectorized over runs):
    (default: the same threshold), and ``order_parameter`` in the summary says which
    one. If both are NULL the regime is NULL.
 
+Width (why ``kernel_distance`` is the default): the lazy/rich crossover of a depth-L
+net in the NTK parameterization sits at init scale g* ∝ width^(-1/(2L)): the kernel,
+and each neuron, move relatively by ~ 1/(g^L sqrt(width)). ``param_rel_change``
+divides by ||θ_0|| ~ g sqrt(P) instead, and the parameter count P grows like width²
+once there is a width x width layer: at depth >= 3 it is ~ 1/(g^L width), sqrt(width)
+smaller than the kernel change, and a fixed threshold on it puts the boundary at
+g* ∝ width^(-1/L) or steeper (measured at depth 3, widths 32-256, t = 3000, threshold
+0.1: -0.456, 95 % [-0.488, -0.423], theory -1/6; ``kernel_distance`` 0.1: -0.216,
+[-0.317, -0.116]; ``tests/test_regime_width_exponent.py``). At depth 2, P ∝ width and
+the two agree in law: ``param_rel_change`` at 0.03 gives -0.250, [-0.261, -0.240]
+(widths 256-4096), drifting to -0.258, -0.275, -0.287 at 0.1, 0.3, 1 as the level leaves
+the lazy regime, while ``kernel_distance`` at 0.01 (``sweeps/lazy_rich.yaml``) gives
+-0.278, [-0.294, -0.262] (-0.293 at 0.001, -0.271 at 0.1): steeper than -1/4 at these
+widths, plausibly from the incoherent part of the kernel change (activation flips of
+either sign), whose share falls with the width. Read the boundary at one gradient-flow
+time (``at_time``) late enough for the runs near it to converge: at t = 1000 the
+small-g runs at large width lag, which steepens every exponent (-0.28 ... -0.32).
+
 Caveat: the kernel distance of a two-layer *linear* net barely moves even from
 a tiny init (its NTK keeps the ``‖W2‖² XXᵀ`` part, which only grows in scale),
 so such runs read "lazy" by ``kernel_distance`` while their weights move by
