@@ -8,7 +8,7 @@ sits at g* ∝ width^(-1/(2L)): -1/4 at depth 2, -1/6 at depth 3.
 
 The test trains ``sweeps/lazy_rich.yaml`` scaled down (width x init scale x seed, in this
 process, no Ray), classifies every run with the project's regime rule
-(:func:`analysis.analyze.analyze_frames`, the core of ``phasesweep analyze``), locates
+(:func:`analysis._analyze.analyze_frames`, the core of ``phasesweep analyze``), locates
 each (width, seed)'s boundary inside its classified bracket (the largest rich and the
 smallest lazy init scale) and fits log g* on log width by OLS; the theory's exponent must
 lie in the fit's 95 % t-interval. The interval is the statistics of the boundaries
@@ -17,7 +17,7 @@ lie in the fit's 95 % t-interval. The interval is the statistics of the boundari
 The contrast, measured: at depth 3 a fixed threshold on ``param_rel_change`` (which
 divides by ||theta_0|| ~ g sqrt(P), P ~ width^2) has a wrong, steeper exponent while the
 default rule (``kernel_distance``) has -1/6. At depth 2 (P ~ width) ``param_rel_change``
-gives -1/4, and ``kernel_distance`` is steeper at these widths (see ``analysis.regimes``
+gives -1/4, and ``kernel_distance`` is steeper at these widths (see ``analysis._regimes``
 for the numbers at other thresholds and times). Depth 2 takes about 80 s of CPU, depth 3
 about 25 s.
 """
@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from phasesweep.analysis.analyze import RUN_COLUMNS, analyze_frames
-from phasesweep.pipeline.spec import AnalysisConfig
+from phasesweep.analysis._analyze import RUN_COLUMNS, analyze_frames
+from phasesweep.analysis.config import AnalysisConfig
 from scipy import stats
 from sweep_runner import run_sweep
 
