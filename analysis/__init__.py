@@ -21,7 +21,7 @@ The pure cores live in :mod:`analysis._escape`, :mod:`analysis._plateaus`,
 
 from __future__ import annotations
 
-from importlib import import_module
+from phasesweep._lazy import lazy_exports
 
 #: Public name -> the module that defines it, imported on first access: the sweep spec
 #: composes :mod:`analysis.config`, and importing it must not load pandas or matplotlib.
@@ -34,16 +34,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

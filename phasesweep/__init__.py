@@ -34,8 +34,9 @@ name of another module (``tests/test_surface.py`` checks it).
 
 from __future__ import annotations
 
-from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+
+from phasesweep._lazy import lazy_exports
 
 try:
     __version__ = version("phasesweep")
@@ -66,16 +67,4 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
-
-
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'phasesweep' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -19,15 +19,7 @@ cores, small batched ops slow down by an order of magnitude).
 from phasesweep.pipeline._grid import Chunk, Point, expand, make_chunks, run_id_of
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
-
-def __getattr__(name: str) -> object:
-    # The trainer pulls in torch: imported on first use so the CLI starts fast.
-    if name == "train_chunk":
-        from phasesweep.pipeline._trainer import train_chunk
-
-        return train_chunk
-    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
-
+from phasesweep._lazy import lazy_exports
 
 __all__ = [
     "Chunk",
@@ -42,3 +34,6 @@ __all__ = [
     "train_chunk",
     "validate_spec",
 ]
+
+#: The trainer pulls in torch: imported on first use so the CLI starts fast.
+__getattr__, __dir__ = lazy_exports(globals(), {"train_chunk": "phasesweep.pipeline._trainer"})

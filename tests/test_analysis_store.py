@@ -10,8 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
-from phasesweep.analysis import analyze
-from phasesweep.analysis import phase_diagram_sql
+from phasesweep.analysis import analyze, phase_diagram_sql
 from phasesweep.analysis._analyze import analyze_frames
 from phasesweep.analysis._calibration import logged_times, synthetic_sweep, two_layer_escape_time
 from phasesweep.storage import Store, open_catalog

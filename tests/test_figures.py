@@ -19,8 +19,7 @@ import yaml
 from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
 from matplotlib.collections import LineCollection, QuadMesh
-from phasesweep.analysis import analyze
-from phasesweep.analysis import draw, figures, plot, report
+from phasesweep.analysis import analyze, draw, figures, plot, report
 from phasesweep.analysis._output import OutputError
 from phasesweep.analysis._plotting import check_plots
 from phasesweep.analysis.figures import Unavailable

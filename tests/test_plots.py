@@ -8,8 +8,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import analyze
-from phasesweep.analysis import figures, phase_diagram_sql, plot
+from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
 from phasesweep.analysis._calibration import synthetic_sweep
 from phasesweep.analysis._plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis._style import fmt, save
