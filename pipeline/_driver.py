@@ -66,6 +66,12 @@ from tqdm.auto import tqdm
 #: Environment variable naming run ids whose training raises (comma-separated, or
 #: ``*`` for all): a fault injector for testing retries and the ``failed`` status.
 FAULT_ENV = "PHASESWEEP_INJECT_FAILURE"
+#: Environment variable naming a file: while it exists, a trial that has just written a
+#: checkpoint waits there (still reporting progress and obeying a stop). A testing hook:
+#: it lets a fault test kill or interrupt a launch while several chunks are known to be
+#: mid-training, whatever the machine's load (without it, a loaded machine may start
+#: the second trial only after the first chunk has finished).
+HOLD_ENV = "PHASESWEEP_HOLD_AFTER_CHECKPOINT"
 
 
 @dataclass
@@ -171,8 +177,21 @@ class _StepHook:
             torch.save(state(), buf)
             self.store.put(self.checkpoint, buf.getvalue())
             self.last_commit = time.monotonic()
+            stop = stop or self._hold(k)
         if stop:
             raise Stopped
+
+    def _hold(self, k: int) -> bool:
+        """Wait while the :data:`HOLD_ENV` file exists; True if the launch stopped meanwhile."""
+        hold = os.environ.get(HOLD_ENV)
+        while hold and os.path.exists(hold):
+            if self.stopped():
+                return True
+            if time.monotonic() - self.last_report >= PROGRESS_EVERY:
+                self.report({"member_steps": k * self.members})
+                self.last_report = time.monotonic()
+            time.sleep(0.2)
+        return False
 
 
 def train_and_store(

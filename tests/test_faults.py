@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
+from phasesweep.pipeline._driver import HOLD_ENV, PROGRESS_EVERY
 from phasesweep.pipeline._grid import expand
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.storage.schema import log_steps
@@ -187,6 +188,15 @@ LONG_CHUNKS = {
 }
 
 
+def _held(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """``env`` plus the hold hook: each trial waits after its first checkpoint (while the
+    file exists), so the test sees several chunks mid-training at once however loaded the
+    machine is (else a slow second trial may start only after the first chunk ended)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    return {**env, HOLD_ENV: str(hold)}
+
+
 def _started(store: Path, n: int) -> bool:
     """``n`` chunks have checkpointed past their first steps."""
     found = _checkpoints(store)
@@ -203,9 +213,9 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     spec = tiny_spec(LONG_CHUNKS)  # two chunks of three points
     args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1"]
     env = {"TMPDIR": str(short_tmp)}
-    proc = phasesweep_cli(args, env_extra=env, start_new_session=True)
+    proc = phasesweep_cli(args, env_extra=_held(env, tmp_path), start_new_session=True)
     _wait_for(lambda: _started(store, 2), "checkpoints of both chunks")
-    time.sleep(1)  # a progress report later (the first comes with the first steps)
+    time.sleep(PROGRESS_EVERY + 1)  # a progress report from a held trial reaches the bar
     os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     assert len(_checkpoints(store)) == 2
@@ -237,7 +247,7 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
     spec = tiny_spec({**LONG_CHUNKS, "execution.max_chunk_size": 2})
     args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1", "--no-progress"]
     env = {"TMPDIR": str(short_tmp)}
-    proc = phasesweep_cli(args, env_extra=env, start_new_session=True)
+    proc = phasesweep_cli(args, env_extra=_held(env, tmp_path), start_new_session=True)
     _wait_for(lambda: _started(store, 2), "checkpoints of two chunks")
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
     _, err = proc.communicate(timeout=TIMEOUT)
