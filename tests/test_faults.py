@@ -22,7 +22,7 @@ import torch
 from phasesweep.pipeline._driver import HOLD_ENV, PROGRESS_EVERY
 from phasesweep.pipeline._grid import expand
 from phasesweep.pipeline.spec import load_spec
-from phasesweep.storage.schema import log_steps
+from phasesweep.storage.schema import log_steps, to_table
 
 #: Subprocess timeouts: Ray starts slowly on a loaded machine.
 TIMEOUT = 600
@@ -38,7 +38,12 @@ def short_tmp():
 
 
 def _raw(store: Path, table: str, sweep: str):
+    """Every row of ``table``'s files for ``sweep``, duplicates kept (no views); the table's
+    columns with no rows while its folder has no file yet (a commit creates the folder
+    before it renames the file in)."""
     files = sorted((store / table / f"sweep={sweep}").glob("*.parquet"))
+    if not files:
+        return to_table(table, {}, 0).to_pandas()
     return ds.dataset([str(f) for f in files], format="parquet").to_table().to_pandas()
 
 
