@@ -19,7 +19,6 @@ if not os.environ.get("MPLBACKEND"):
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 #: Axis labels, with what the quantity is and its unit (most are dimensionless ratios).
 LABELS: dict[str, str] = {
@@ -97,12 +96,16 @@ def theme():
         "svg.fonttype": "none",
         "font.family": "DejaVu Sans",
     }
+    import seaborn as sns  # 1 s (it imports scipy.stats): only drawing needs it, not `run`
+
     with sns.axes_style("ticks"), sns.plotting_context("notebook"), plt.rc_context(rc):
         yield
 
 
 def palette(n: int) -> list:
     """Categorical colours for n groups (depths, widths, ...)."""
+    import seaborn as sns
+
     return sns.color_palette("colorblind" if n <= 10 else "husl", n)
 
 

@@ -162,7 +162,6 @@ def plan(
     that differs from the one stored under its name is refused unless ``extend`` and it
     only adds grid values (see :func:`run`).
     """
-    from phasesweep.analysis._plotting import check_plots
     from phasesweep.pipeline._launch import plan_sweep
 
     planned = plan_sweep(
@@ -173,7 +172,10 @@ def plan(
         cpus_per_trial=cpus_per_trial,
         extend=extend,
     )
-    check_plots(planned.spec.plots)
+    if planned.spec.plots:  # the figure kinds import matplotlib: only when there are plots
+        from phasesweep.analysis._plotting import check_plots
+
+        check_plots(planned.spec.plots)
     return planned
 
 
