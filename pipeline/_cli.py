@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_address,
         default=None,
         help="Ray cluster to join: auto, host:port or ray://host:port; local forces the "
-        "embedded one (default: $RAY_ADDRESS, else a private embedded local Ray)",
+        "embedded one; standing joins this user's standing local Ray, starting it if none "
+        "runs (see 'phasesweep standing') (default: $RAY_ADDRESS, else a private embedded "
+        "local Ray)",
     )
     run.add_argument(
         "--set",
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="points per line per batch (1: bisection)",
     )
     _store_arg(refine)
-    refine.add_argument("--address", default=None, help="Ray address, as for run")
+    refine.add_argument("--address", type=_address, default=None, help="Ray address, as for run")
     refine.add_argument(
         "--in-process", action="store_true", help="train batches in this process, not on Ray"
     )
@@ -250,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("sweep", nargs="?", metavar="SWEEP", help="one sweep (default: all)")
     _store_arg(compact)
+
+    standing = _subcommand(
+        sub,
+        "standing",
+        "show or stop this user's standing local Ray, the one 'run --address standing' "
+        "starts on demand and reuses (it also stops itself after idling)",
+        "  phasesweep run sweeps/quickstart.yaml --address standing   # starts it\n"
+        "  phasesweep standing status\n  phasesweep standing stop",
+    )
+    standing.add_argument("action", choices=["status", "stop"])
     return parser
 
 
@@ -277,7 +289,7 @@ def _address(text: str) -> str:
     """An argparse type for ``--address``: ``auto``, ``local``, ``HOST:PORT`` or
     ``ray://HOST:PORT`` (HOST a host name, an IPv4 address or ``[IPv6]``). Syntax only:
     whether a cluster answers there is checked when connecting."""
-    if text in ("auto", "local"):
+    if text in ("auto", "local", "standing"):
         return text
     rest = text.removeprefix("ray://")
     try:
@@ -291,7 +303,7 @@ def _address(text: str) -> str:
         host = None
     if not host or not port or "/" in rest or parts.username or parts.password:
         raise argparse.ArgumentTypeError(
-            f"{excerpt(text)} is not auto, local, HOST:PORT or ray://HOST:PORT"
+            f"{excerpt(text)} is not auto, local, standing, HOST:PORT or ray://HOST:PORT"
         )
     return text
 
@@ -575,6 +587,17 @@ def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> objec
     return func(store, sweep, **kwargs)
 
 
+def cmd_standing(args: argparse.Namespace) -> int:
+    from phasesweep.pipeline import _standing
+
+    if args.action == "stop":
+        print("stopped" if _standing.stop() else "no standing Ray is running")
+        return EXIT_OK
+    found = _standing.address()
+    print(f"running at {found}" if found else "no standing Ray is running")
+    return EXIT_OK
+
+
 COMMANDS = {
     "run": cmd_run,
     "status": cmd_status,
@@ -585,6 +608,7 @@ COMMANDS = {
     "refine": cmd_refine,
     "verify": cmd_verify,
     "compact": cmd_compact,
+    "standing": cmd_standing,
 }
 
 

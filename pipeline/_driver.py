@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from phasesweep.pipeline import _standing as standing
 from phasesweep.pipeline._grid import Chunk, Point
 from phasesweep.pipeline._runs import runs_table
 from phasesweep.pipeline.spec import RunConfig, SpecError
@@ -327,9 +328,12 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
 
 def cluster_address(address: str | None) -> str | None:
     """The cluster a launch joins: ``address``, else ``$RAY_ADDRESS``, else None (embedded);
-    ``local`` names the embedded instance even where ``$RAY_ADDRESS`` is set."""
+    ``local`` names the embedded instance even where ``$RAY_ADDRESS`` is set, ``standing``
+    this user's standing local Ray (:mod:`pipeline._standing`), started if none runs."""
     if address == "local":
         return None
+    if address == STANDING:
+        return standing.ensure()
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
@@ -337,6 +341,9 @@ def _on_loopback(address: str | None) -> bool:
     """The embedded instance, or a cluster whose head is on this machine's loopback."""
     return not address or address.split("://")[-1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
 
+
+#: ``--address`` value that names this user's standing local Ray.
+STANDING = "standing"
 
 #: Seconds to wait for a TCP connection to a named cluster's head before giving up.
 CONNECT_TIMEOUT = 10.0
@@ -365,10 +372,15 @@ def connect(address: str | None) -> None:
 
     With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
     launch (``address="local"``: Ray never looks for a cluster someone else started on
-    the machine). Otherwise join that cluster; an unreachable or malformed address is a
-    :class:`SpecError` naming ``--address`` (exit 2), raised within seconds.
+    the machine). ``standing``: this user's standing local Ray, started on demand and
+    left running (:mod:`pipeline._standing`). Otherwise join that cluster; an unreachable
+    or malformed address is a :class:`SpecError` naming ``--address`` (exit 2), raised
+    within seconds.
     """
     target = cluster_address(address)
+    if address == STANDING:
+        os.environ.update(standing.ENV)
+        standing.hold()
     if _on_loopback(target):
         # Ray resolves a loopback head address to the machine's outward IP unless
         # this is off (read when ray is first imported); keep everything on loopback.

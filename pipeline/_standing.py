@@ -1,0 +1,266 @@
+"""A standing local Ray: one loopback Ray head that outlives a launch, for launches that
+name it (``--address standing``).
+
+Why: the embedded default starts a private Ray and stops it again on every launch;
+that start (GCS, raylet, agents: 2.5–4 s) and the graceful stop (1.3 s) are most of
+what a small sweep waits for (``benchmarks/launch.py``). A launch that names the
+standing instance joins it instead (0.3 s) and leaves it running.
+
+- **On demand**: the first launch that names it starts it (about 4 s); later ones
+  reuse it. Starts are serialised by a lock, so concurrent launches start one.
+- **This user's, on this machine**: on 127.0.0.1 only, in a folder of its own
+  (:func:`state_dir`: ``$TMPDIR/phasesweep-ray-$UID``, or ``$PHASESWEEP_STANDING_DIR``),
+  found through that folder's ``instance.json`` and nothing else, never through
+  Ray's own discovery. The embedded default never uses it.
+- **Stopped** by ``phasesweep ray stop``, or by its watchdog once no launch has used it
+  for ``idle_minutes``. A launch holds a shared ``flock`` on ``in-use`` while it is
+  connected (released by the kernel when it exits, even on SIGKILL); the watchdog
+  counts idle time from the last moment it saw that lock held.
+
+Its head and watchdog run in a session of their own: stopping it kills the session
+(head, raylet, agents, workers, watchdog) and removes ``instance.json``. Concurrency
+caveat: ``stop`` kills the trials of launches that are still connected; those
+launches then fail over to their retries and a relaunch trains what they lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from phasesweep._config import SpecError
+
+#: Minutes a standing instance waits without launches before it stops itself (default;
+#: ``$PHASESWEEP_STANDING_IDLE_MINUTES`` sets it for the instance a launch starts).
+IDLE_MINUTES = 15.0
+IDLE_ENV = "PHASESWEEP_STANDING_IDLE_MINUTES"
+#: Seconds a start may take before it is given up (a loaded machine is slow).
+START_TIMEOUT = 180.0
+_POLL = 2.0
+#: Ray's settings for the head and for drivers that join it: a loopback address kept as
+#: it is, and no token auth (a driver does not present the token to a head it did not
+#: start); like any loopback service it is reachable by the machine's other users.
+ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def state_dir() -> Path:
+    """The folder of this user's standing instance."""
+    given = os.environ.get("PHASESWEEP_STANDING_DIR")
+    return Path(given or os.path.join(tempfile.gettempdir(), f"phasesweep-ray-{os.getuid()}"))
+
+
+def _read() -> dict | None:
+    try:
+        info = json.loads((state_dir() / "instance.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _alive(info) else None
+
+
+def _alive(info: dict) -> bool:
+    """Its session leader lives and its GCS accepts connections."""
+    try:
+        os.kill(int(info["pid"]), 0)
+        host, port = info["address"].rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, KeyError, ValueError, TypeError):
+        return False
+    return True
+
+
+def address() -> str | None:
+    """``host:port`` of the running standing instance, or None."""
+    info = _read()
+    return None if info is None else info["address"]
+
+
+@contextlib.contextmanager
+def _locked(name: str):
+    folder = state_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(fd)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def idle_minutes() -> float:
+    """The idle time after which a new standing instance stops: ``$PHASESWEEP_STANDING_IDLE_MINUTES``,
+    else :data:`IDLE_MINUTES`; anything but a finite number > 0 is a :class:`SpecError`."""
+    text = os.environ.get(IDLE_ENV)
+    if text is None:
+        return IDLE_MINUTES
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError(f"${IDLE_ENV}", text, "expected minutes, a number > 0", "environment")
+    return value
+
+
+def ensure(num_cpus: int | None = None) -> str:
+    """The standing instance's address, starting it first if none runs."""
+    idle = idle_minutes()
+    found = address()
+    if found:
+        return found
+    with _locked("start.lock") as folder:
+        found = address()  # another launch may have started it while we waited
+        if found:
+            return found
+        hold()  # from now on: the watchdog's idle clock must not run out while it starts
+        port = _free_port()
+        env = {**os.environ, **ENV}
+        env.pop("RAY_ADDRESS", None)
+        ray_dir = tempfile.mkdtemp(prefix="r", dir=folder)  # short: Ray's socket paths
+        command = [
+            sys.executable, "-m", "phasesweep.pipeline._standing", "serve",
+            "--port", str(port), "--temp-dir", ray_dir, "--idle-minutes", str(idle),
+            "--num-cpus", str(num_cpus or os.cpu_count() or 1),
+        ]  # fmt: skip
+        log = open(folder / "standing.log", "ab")  # noqa: SIM115 (the child keeps it)
+        leader = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        info = {"address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": ray_dir}
+        try:
+            _wait_joinable(info, leader)
+        except BaseException:
+            _kill_session(leader.pid)
+            raise
+        tmp = folder / "instance.json.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.replace(folder / "instance.json")
+        return info["address"]
+
+
+def _wait_joinable(info: dict, leader: subprocess.Popen) -> None:
+    """Until a driver can join (the GCS answers before the raylet has registered)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    join = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False)"
+    while time.monotonic() < deadline:
+        if leader.poll() is not None:
+            raise RuntimeError(
+                f"the standing Ray exited with {leader.returncode}: see "
+                f"{state_dir() / 'standing.log'}"
+            )
+        if _alive(info):
+            env = {**os.environ, **ENV}
+            env.pop("RAY_ADDRESS", None)
+            done = subprocess.run(
+                [sys.executable, "-c", join, info["address"]], env=env, capture_output=True
+            )
+            if done.returncode == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the standing Ray did not start within {START_TIMEOUT:.0f} s")
+
+
+_held: list[int] = []  # the fd whose shared lock marks this process as a user
+
+
+def hold() -> None:
+    """Mark this process as a user of the standing instance until it exits (a shared
+    ``flock`` the kernel releases on exit): the watchdog does not stop it meanwhile."""
+    if not _held:
+        fd = os.open(state_dir() / "in-use", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held.append(fd)  # left open on purpose: the lock lives as long as the process
+
+
+def stop() -> bool:
+    """Stop the standing instance (its whole session); False when none was running."""
+    with _locked("start.lock") as folder:
+        try:
+            info = json.loads((folder / "instance.json").read_text())
+        except (OSError, ValueError):
+            return False
+        (folder / "instance.json").unlink(missing_ok=True)
+        _kill_session(int(info["pid"]))
+        shutil.rmtree(info.get("temp_dir", ""), ignore_errors=True)
+        return True
+
+
+def _session_pids(leader: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == leader:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def _kill_session(leader: int) -> None:
+    """SIGKILL every process of the session ``leader`` leads, this one last if it is in it."""
+    me = os.getpid()
+    for pid in _session_pids(leader):
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if leader != me:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(leader, 0)
+
+
+def _serve(port: int, temp_dir: str, idle_minutes: float, num_cpus: int) -> None:
+    """The session leader: start the head, then watch for idleness and stop the session."""
+    head = subprocess.Popen(
+        [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+            f"--num-cpus={num_cpus}", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        ]
+    )  # fmt: skip
+    in_use = os.open(state_dir() / "in-use", os.O_RDWR | os.O_CREAT, 0o600)
+    last_busy = time.monotonic()
+    while head.poll() is None:
+        try:
+            fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(in_use, fcntl.LOCK_UN)
+        except OSError:
+            last_busy = time.monotonic()
+        if time.monotonic() - last_busy > idle_minutes * 60:
+            break
+        time.sleep(_POLL)
+    with _locked("start.lock") as folder:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads((folder / "instance.json").read_text()).get("pid") == os.getpid():
+                (folder / "instance.json").unlink()
+        _kill_session(os.getpid())
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m phasesweep.pipeline._standing")
+    ap.add_argument("command", choices=["serve"])
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--temp-dir", required=True)
+    ap.add_argument("--idle-minutes", type=float, required=True)
+    ap.add_argument("--num-cpus", type=int, required=True)
+    a = ap.parse_args()
+    _serve(a.port, a.temp_dir, a.idle_minutes, a.num_cpus)

@@ -1,0 +1,159 @@
+"""The standing local Ray (``run --address standing``): started on demand, reused by the
+next launch, stopped by ``phasesweep standing stop`` or after idling; the embedded
+default never uses it. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from phasesweep.pipeline import _standing
+from phasesweep.storage import run_query
+
+
+@pytest.fixture
+def standing_dir(monkeypatch):
+    """A private folder for the standing instance (short: Ray's socket paths live in it);
+    whatever a test leaves running there is stopped afterwards."""
+    folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")
+    monkeypatch.setenv("PHASESWEEP_STANDING_DIR", folder)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    yield Path(folder)
+    _standing.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _session_alive(leader: int) -> list[int]:
+    """Pids of the session's processes that have not exited (zombies count as exited)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == leader and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def _run(phasesweep_cli, spec: Path, store: Path, *args: str, env: dict | None = None):
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(store), "--no-progress", *args], env_extra=env
+    )
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out + err
+
+
+def _node_ids(store: Path, sweep: str) -> set[str]:
+    rows = run_query(store, f"SELECT DISTINCT node_id FROM runs WHERE sweep = '{sweep}'")[1]
+    return {r[0] for r in rows}
+
+
+def test_launches_share_one_standing_ray_until_stop(
+    standing_dir, tmp_path, tiny_spec, phasesweep_cli
+):
+    store = tmp_path / "store"
+    nodes = {}
+    for name in ("first", "second"):
+        spec = tiny_spec({"name": name, "train.steps": 20})
+        rc, out = _run(phasesweep_cli, spec, store, "--address", "standing")
+        assert rc == 0, out
+        info = json.loads((standing_dir / "instance.json").read_text())
+        nodes[name] = (info["pid"], _node_ids(store, name))
+    # the second launch joined the instance the first one started, and it is still up
+    assert nodes["first"] == nodes["second"]
+    leader = nodes["first"][0]
+    assert _session_alive(leader)
+    # the embedded default ignores it: a private Ray, another node
+    spec = tiny_spec({"name": "embedded", "train.steps": 20})
+    rc, out = _run(phasesweep_cli, spec, store)
+    assert rc == 0, out
+    assert _node_ids(store, "embedded").isdisjoint(nodes["first"][1])
+    # every point of the three sweeps stored once
+    counts = run_query(store, "SELECT count(*), count(DISTINCT run_id) FROM runs")[1]
+    assert counts[0][0] == counts[0][1] > 0
+
+    status = phasesweep_cli(["standing", "status"]).communicate(timeout=60)[0]
+    assert status.startswith("running at 127.0.0.1:")
+    proc = phasesweep_cli(["standing", "stop"])
+    assert proc.communicate(timeout=120)[0].strip() == "stopped"
+    assert proc.returncode == 0
+    assert _session_alive(leader) == []
+    assert not (standing_dir / "instance.json").exists()
+    status = phasesweep_cli(["standing", "status"]).communicate(timeout=60)[0]
+    assert status.strip() == "no standing Ray is running"
+
+
+def test_an_idle_standing_ray_stops_itself(standing_dir, tmp_path, tiny_spec, phasesweep_cli):
+    spec = tiny_spec({"name": "idle", "train.steps": 20})
+    env = {_standing.IDLE_ENV: "0.05"}  # 3 s without a launch
+    rc, out = _run(phasesweep_cli, spec, tmp_path / "store", "--address", "standing", env=env)
+    assert rc == 0, out
+    leader = json.loads((standing_dir / "instance.json").read_text())["pid"]
+    deadline = time.monotonic() + 300
+    while _session_alive(leader) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _session_alive(leader) == []
+    assert not (standing_dir / "instance.json").exists()
+    assert _standing.address() is None
+
+
+def test_a_launch_holds_it_while_connected(standing_dir):
+    """The watchdog's test of "in use": it cannot take the lock while a launch holds it."""
+    import fcntl
+    import subprocess
+    import sys
+
+    standing_dir.mkdir(exist_ok=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "from phasesweep.pipeline import _standing; import sys, time; "
+            "_standing.hold(); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(standing_dir / "in-use", os.O_RDWR)
+        with pytest.raises(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.kill()
+        holder.wait(timeout=60)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the process
+        os.close(fd)
+    finally:
+        holder.kill()
+
+
+def test_a_stale_record_is_not_joined(standing_dir):
+    """instance.json of a dead instance (its leader gone, nothing on its port) is ignored."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (standing_dir / "instance.json").write_text(
+        json.dumps({"address": "127.0.0.1:1", "pid": dead.pid, "temp_dir": ""})
+    )
+    assert _standing.address() is None
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "inf", "nan"])
+def test_a_bad_idle_time_exits_2_and_writes_nothing(
+    standing_dir, tmp_path, tiny_spec, phasesweep_cli, value
+):
+    store = tmp_path / "store"
+    spec = tiny_spec({"name": "bad"})
+    rc, out = _run(
+        phasesweep_cli, spec, store, "--address", "standing", env={_standing.IDLE_ENV: value}
+    )
+    assert rc == 2, out
+    assert _standing.IDLE_ENV in out and "number > 0" in out
+    assert not store.exists() or not any(store.rglob("*.yaml"))
+    assert not (standing_dir / "instance.json").exists()
