@@ -338,27 +338,30 @@ class EnsembleStep:
 
     def shared(self, params: Params, x: Tensor) -> bool:
         """Whether the first layer runs as one GEMM per block (see the class docstring):
-        the members share ``x`` (:func:`shares_input`), the net has a hidden layer, and
-        W_1 (and b_1) are contiguous, so that a block's are one matrix."""
+        the members share ``x`` (:func:`shares_input`) of at least
+        :data:`SHARED_MIN_INPUT_DIM` features, the net has a hidden layer, and W_1 (and
+        b_1) are contiguous, so that a block's are one matrix."""
         b1 = params.biases
         return (
-            self.net.depth > 1
-            and x.shape[-1] >= SHARED_MIN_INPUT_DIM
-            and shares_input(x)
+            self._wide(x)
             and params.weights[0].is_contiguous()
             and (b1 is None or b1[0].is_contiguous())
         )
+
+    def _wide(self, x: Tensor) -> bool:
+        return self.net.depth > 1 and x.shape[-1] >= SHARED_MIN_INPUT_DIM and shares_input(x)
 
     def block_size(self, x: Tensor, shared: bool | None = None) -> int:
         """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
         CPU (a shared input counted once, not per member), the whole ensemble elsewhere.
         Blocks are of equal size (±1) up to this. ``shared``: whether the block's first layer
-        is one GEMM (:meth:`shared`); then at least :data:`SHARED_MIN_BLOCK` members."""
+        is one GEMM (:meth:`shared`; None: as it would be for contiguous weights); then at
+        least :data:`SHARED_MIN_BLOCK` members."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
         if x.device.type != "cpu":
             return self.E
-        shared = shares_input(x) if shared is None else shared
+        shared = self._wide(x) if shared is None else shared
         per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size(), shared)
         least = SHARED_MIN_BLOCK if shared else 1
         return max(1, min(self.E, max(least, CPU_BLOCK_BYTES // per)))
