@@ -213,10 +213,14 @@ CPU_BLOCK_BYTES = 3 << 19
 #: 3-5% slower. Nothing measured in between: 32 splits the two.
 SHARED_MIN_INPUT_DIM = 32
 
-#: Fewest members per block when they share their input: the wide GEMM pays with a few
-#: members even where one member's activations already exceed :data:`CPU_BLOCK_BYTES`
-#: (measured: n 1024, input_dim 100, width 32 or 256, and input_dim 784: blocks of 2-4
-#: were 5-12% faster than blocks of 1, blocks of 8 no faster than 4).
+#: Members that share their input go at least input_dim // width to a block, but no more
+#: than this many, even where one member's activations already exceed
+#: :data:`CPU_BLOCK_BYTES`. Where x is wider than a hidden layer, reading it
+#: once for several members pays; where it is narrower, more members' activations only
+#: spill the cache. Measured (float64, one thread, two-layer nets, 8 members): input_dim
+#: 784, width 128, n 512: blocks of 4-8 6-7% faster than blocks of 1; input_dim 100, width
+#: 32, n 1024: blocks of 2-4 9% faster; input_dim 100, width 256: blocks of 1-4 alike;
+#: input_dim 32, width 256, n 256: blocks of 4 18% slower than blocks of 1.
 SHARED_MIN_BLOCK = 4
 
 
@@ -308,7 +312,7 @@ class EnsembleStep:
       train their first layer as one GEMM per block: their W_1 stacked are one
       (b·n_1, n_0) matrix, so z_1ᵀ = c W_1 xᵀ (b·n_1 × n) and W_1 ← W_1 − c δ_1ᵀ x are
       one wide ``addmm`` each instead of b narrow ones, x is read once per block, and a
-      member's working set no longer holds a copy of x (blocks grow, to at least
+      member's working set no longer holds a copy of x (blocks grow; see
       :data:`SHARED_MIN_BLOCK`). The cost: z_1 and the scratch behind δ_1 are stored
       transposed, (b, n_1, n), so that every member's rows are one matrix, and the
       second layer reads them as transposed operands; worth it only where the first
@@ -356,14 +360,15 @@ class EnsembleStep:
         CPU (a shared input counted once, not per member), the whole ensemble elsewhere.
         Blocks are of equal size (±1) up to this. ``shared``: whether the block's first layer
         is one GEMM (:meth:`shared`; None: as it would be for contiguous weights); then at
-        least :data:`SHARED_MIN_BLOCK` members."""
+        least input_dim // width members (up to :data:`SHARED_MIN_BLOCK`)."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
         if x.device.type != "cpu":
             return self.E
         shared = self._wide(x) if shared is None else shared
         per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size(), shared)
-        least = SHARED_MIN_BLOCK if shared else 1
+        dims = self.net.dims
+        least = min(SHARED_MIN_BLOCK, max(1, dims[0] // dims[1])) if shared else 1
         return max(1, min(self.E, max(least, CPU_BLOCK_BYTES // per)))
 
     def blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:

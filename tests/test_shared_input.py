@@ -138,9 +138,15 @@ def test_detection_is_the_stride_and_the_input_dim():
     assert not any(k.shared for k in blocks)
     _, blocks = step.blocks_for(params, x)
     assert all(k.shared for k in blocks)
-    # a shared input counts once in the cache budget, and blocks take at least a few members
-    assert step.block_size(x) >= min(E, SHARED_MIN_BLOCK)
+    # a shared input counts once in the cache budget
     assert step.block_size(x) >= step.block_size(x.contiguous())
+    # past the cache budget, at least input_dim // width members (up to SHARED_MIN_BLOCK)
+    n_big = 1 << 14
+    big = torch.zeros(n_big, D, dtype=torch.float64).expand(E, -1, -1)
+    for width, least in [(6, SHARED_MIN_BLOCK), (D // 2, 2), (D, 1), (4 * D, 1)]:
+        wide = EnsembleStep(EnsembleMLP(ModelConfig(depth=2, width=width), D, K), E)
+        assert wide.block_size(big.contiguous()) == 1
+        assert wide.block_size(big) == min(E, least), width
     # few input features: the per-member path (the wide GEMM does not pay there)
     narrow = EnsembleMLP(ModelConfig(depth=2, width=6), SHARED_MIN_INPUT_DIM - 1, K)
     xs = torch.zeros(N, SHARED_MIN_INPUT_DIM - 1, dtype=torch.float64).expand(E, -1, -1)
