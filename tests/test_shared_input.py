@@ -226,27 +226,30 @@ def _frame(tables, keys):
     return tables["trajectories"].to_pandas().sort_values(keys).reset_index(drop=True)
 
 
+SGD = {"optimizer": "sgd", "batch_size": 8}
+
+
 @pytest.mark.parametrize(
-    "activation,bias,depth,train,seeds",
+    "activation,bias,depth,train,seeds,data_seed,shared",
     [
-        ("relu", False, 2, {}, (0,)),
-        ("tanh", True, 3, {}, (0,)),
-        ("linear", False, 2, {}, (0,)),
-        ("relu", True, 2, {"optimizer": "sgd", "batch_size": 8}, (0,)),
-        ("tanh", False, 2, {}, (0, 1)),  # two data seeds: nothing shared
-        ("relu", False, 2, {"optimizer": "sgd", "batch_size": 8, "seed": 5}, (0,)),
+        ("relu", False, 2, {}, (0,), None, True),
+        ("tanh", True, 3, {}, (0,), None, True),
+        ("linear", False, 2, {}, (0,), None, True),
+        ("relu", True, 2, SGD, (0,), None, True),  # shared minibatches too
+        ("tanh", False, 2, SGD, (0, 1), 9, True),  # one data set, per-member minibatches
+        ("tanh", False, 2, {}, (0, 1), None, False),  # two data sets: nothing shared
     ],
 )
-def test_chunk_equals_each_point_alone(activation, bias, depth, train, seeds):
+def test_chunk_equals_each_point_alone(activation, bias, depth, train, seeds, data_seed, shared):
     """A chunk of points on one data set (the shared path) trains each point as it trains
     alone: every logged train/test loss and metric within 1e-10."""
-    spec = _spec(activation, bias, depth, seeds, **train)
+    spec = _spec(activation, bias, depth, seeds, data_seed, **train)
     points = expand(spec)
     (chunk,) = make_chunks(points, spec)
     trainer = ChunkTrainer(chunk)
-    assert shares_input(trainer.batch.x_train) == (len(seeds) == 1)
+    assert shares_input(trainer.batch.x_train) == shared
     tables = trainer.run()
-    assert trainer._stepper.shared(trainer.params0, trainer.batch.x_train) == (len(seeds) == 1)
+    assert trainer._stepper.shared(trainer.params0, trainer.batch.x_train) == shared
     together = _frame(tables, ["run_id", "step"])
     for p in points:
         alone = _frame(train_chunk(Chunk(p.run_id, (p,))), ["step"])
