@@ -213,6 +213,13 @@ CPU_BLOCK_BYTES = 3 << 19
 #: 3-5% slower. Nothing measured in between: 32 splits the two.
 SHARED_MIN_INPUT_DIM = 32
 
+#: Least fraction of the weights in the first layer for the shared-input path: deeper
+#: layers read z_1 transposed, which costs a few percent where they do most of the work.
+#: Measured (float64, one thread): first layer 85% of the weights (n 256, input_dim 100,
+#: width 16, depth 3): 29% faster per step; 16% (input_dim 100, width 512, depth 3) and
+#: 20% (input_dim 64, width 128, depth 4): 2-3% slower.
+SHARED_MIN_FIRST_LAYER = 0.5
+
 #: Members that share their input go at least input_dim // width to a block, but no more
 #: than this many, even where one member's activations already exceed
 #: :data:`CPU_BLOCK_BYTES`. Where x is wider than a hidden layer, reading it
@@ -316,7 +323,8 @@ class EnsembleStep:
       :data:`SHARED_MIN_BLOCK`). The cost: z_1 and the scratch behind δ_1 are stored
       transposed, (b, n_1, n), so that every member's rows are one matrix, and the
       second layer reads them as transposed operands; worth it only where the first
-      layer is a large part of the step (:data:`SHARED_MIN_INPUT_DIM`). Deeper layers
+      layer is a large part of the step (:data:`SHARED_MIN_INPUT_DIM`,
+      :data:`SHARED_MIN_FIRST_LAYER`). Deeper layers
       are as above; nets without a hidden layer are not concerned.
 
     No host synchronisation and no loop over members (only over blocks of them).
@@ -343,8 +351,9 @@ class EnsembleStep:
     def shared(self, params: Params, x: Tensor) -> bool:
         """Whether the first layer runs as one GEMM per block (see the class docstring):
         the members share ``x`` (:func:`shares_input`) of at least
-        :data:`SHARED_MIN_INPUT_DIM` features, the net has a hidden layer, and W_1 (and
-        b_1) are contiguous, so that a block's are one matrix."""
+        :data:`SHARED_MIN_INPUT_DIM` features, the net has a hidden layer holding at least
+        :data:`SHARED_MIN_FIRST_LAYER` of the weights, and W_1 (and b_1) are contiguous,
+        so that a block's are one matrix."""
         b1 = params.biases
         return (
             self._wide(x)
@@ -353,7 +362,14 @@ class EnsembleStep:
         )
 
     def _wide(self, x: Tensor) -> bool:
-        return self.net.depth > 1 and x.shape[-1] >= SHARED_MIN_INPUT_DIM and shares_input(x)
+        dims = self.net.dims
+        first = dims[0] * dims[1]
+        return (
+            self.net.depth > 1
+            and dims[0] >= SHARED_MIN_INPUT_DIM
+            and first >= SHARED_MIN_FIRST_LAYER * sum(a * b for a, b in zip(dims, dims[1:]))
+            and shares_input(x)
+        )
 
     def block_size(self, x: Tensor, shared: bool | None = None) -> int:
         """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on

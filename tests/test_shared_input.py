@@ -19,6 +19,7 @@ from phasesweep.pipeline._datasets import Dataset, stack
 from phasesweep.pipeline._grid import Chunk, expand, make_chunks
 from phasesweep.pipeline._models import (
     SHARED_MIN_BLOCK,
+    SHARED_MIN_FIRST_LAYER,
     SHARED_MIN_INPUT_DIM,
     EnsembleMLP,
     EnsembleStep,
@@ -152,6 +153,11 @@ def test_detection_is_the_stride_and_the_input_dim():
     xs = torch.zeros(N, SHARED_MIN_INPUT_DIM - 1, dtype=torch.float64).expand(E, -1, -1)
     w = [torch.zeros(E, b, a, dtype=torch.float64) for a, b in zip(narrow.dims, narrow.dims[1:])]
     assert not EnsembleStep(narrow, E).shared(Params(w, None), xs)
+    # the first layer a small part of the weights: the per-member path
+    deep = EnsembleMLP(ModelConfig(depth=3, width=2 * D), D, K)
+    wd = [torch.zeros(E, b, a, dtype=torch.float64) for a, b in zip(deep.dims, deep.dims[1:])]
+    assert wd[0][0].numel() < SHARED_MIN_FIRST_LAYER * sum(w[0].numel() for w in wd)
+    assert not EnsembleStep(deep, E).shared(Params(wd, None), x)
     # no hidden layer, or W_1 not one matrix per block: the per-member path
     lin = EnsembleMLP(ModelConfig(depth=1, width=6), D, K)
     assert not EnsembleStep(lin, E).shared(Params([torch.zeros(E, K, D)], None), x)
