@@ -165,24 +165,18 @@ def test_detection_is_the_stride_and_the_input_dim():
     assert not step.shared(strided, x)
 
 
-def _both_paths_agree(net, params, x, y):
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_shared_and_per_member_paths_agree(activation):
     """The shared path on the expanded x == the per-member path on its contiguous copy."""
+    net, params, x, y = _setup(activation, "mean_field", True, 3)
     eta = torch.full((E,), 0.1, dtype=torch.float64)
     a, b = params.clone(), params.clone()
     sa, sb = EnsembleStep(net, E, 3), EnsembleStep(net, E, 3)
     for _ in range(10):
-        _close(
-            sa.step(a, x, y, eta).unsqueeze(1),
-            sb.step(b, x.contiguous(), y, eta).unsqueeze(1),
-            "loss",
-        )
+        la, lb = sa.step(a, x, y, eta), sb.step(b, x.contiguous(), y, eta)
+        _close(la.unsqueeze(1), lb.unsqueeze(1), "loss")
     for p, q in zip(a.tensors(), b.tensors()):
         _close(p, q, "parameters")
-
-
-def test_shared_and_per_member_paths_agree():
-    net, params, x, y = _setup("tanh", "mean_field", True, 3)
-    _both_paths_agree(net, params, x, y)
 
 
 # -- the data stack and the trainer ---------------------------------------------------------
