@@ -238,16 +238,17 @@ def _warm_up(_: int) -> None:
     _torch_task(points[0])
 
 
-def _halves(points: Sequence[Point], parts: int) -> list[list[Point]]:
+def _split(points: Sequence[Point], parts: int) -> list[list[Point]]:
     bounds = np.linspace(0, len(points), parts + 1).round().astype(int)
     return [list(points[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int, peak: float) -> dict[str, Any]:
-    """phasesweep, numpy and torch on ``shape``, each side in the pool in turn."""
+def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int) -> dict[str, Any]:
+    """phasesweep, numpy and torch on ``shape``, each side in the pool in turn (the FLOP
+    rate's fraction of the peak is :func:`run`'s)."""
     points = expand(shape.spec())
     t = time.perf_counter()
-    parts = list(pool.map(_phasesweep_task, _halves(points, workers)))
+    parts = list(pool.map(_phasesweep_task, _split(points, workers)))
     ps_wall = time.perf_counter() - t
     train_s = sum(p["train_s"] for p in parts)
     flops = sum(p["flops"] for p in parts)
@@ -259,7 +260,6 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int, peak: float) 
         "phasesweep_train_s": train_s,
         "block": [p["block"] for p in parts],
         "flop_rate": flops / train_s,
-        "peak_fraction": flops / train_s / peak,
     }
     sub = training.subset(points, min(shape.baseline_points, len(points)))
     for name, task in (("numpy", _numpy_task), ("torch", _torch_task)):
@@ -267,6 +267,7 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int, peak: float) 
         done = list(pool.map(task, sub))
         wall = (time.perf_counter() - t) * len(points) / len(sub)
         row[f"{name}_wall_s"] = wall
+        row[f"{name}_point_s"] = sum(dt for *_, dt in done) / len(done)  # one point alone
         row[f"speedup_vs_{name}"] = wall / ps_wall
         row[f"{name}_max_rel_diff"] = training.max_rel_diff({r: v for r, v, _ in done}, final)
     return row
@@ -344,10 +345,10 @@ def run(
         blas = pool.submit(blas_info).result()
         for shape in shapes:
             _log(f"shape {shape.name}")
-            rows.append(measure(shape, pool, workers, peaks[0]))
+            rows.append(measure(shape, pool, workers))
     peaks.append(training.matmul_peak(seconds=peak_seconds)["flops"])
     peak = max(peaks)
-    for r in rows:  # against the best peak seen in the run
+    for r in rows:  # against the best peak of the run
         r["peak_fraction"] = r["flop_rate"] / peak
     meta.update(wall_s=time.perf_counter() - started, load_end=_load())
     report = {
