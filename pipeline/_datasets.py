@@ -94,7 +94,9 @@ class Dataset:
 
 @dataclass
 class DataBatch:
-    """A chunk's data, stacked: x (E, n, d), y (E, n, k), codim_basis (E, d, c) or None."""
+    """A chunk's data, stacked: x (E, n, d), y (E, n, k), codim_basis (E, d, c) or None.
+
+    ``x_train`` may be one (n, d) matrix expanded over E (see :func:`stack`): read-only."""
 
     x_train: Tensor
     y_train: Tensor
@@ -385,14 +387,26 @@ def make_dataset(cfg: DataConfig, seed: int) -> Dataset:
 
 
 def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device | str) -> DataBatch:
-    """Stack members' datasets along a new leading ensemble axis."""
+    """Stack members' datasets along a new leading ensemble axis.
+
+    When every member's training inputs are equal (members of one data seed whose inputs
+    no per-member field changes), ``x_train`` is that one (n, d) matrix expanded over the
+    members (stride 0 along E): one copy in memory, and the training step, which checks
+    the stride (:func:`pipeline._models.shares_input`), trains their first layer as one
+    GEMM. The comparison is made here, once per chunk; it costs what stacking costs.
+    """
 
     def st(name: str) -> Tensor:
         return torch.stack([getattr(ds, name) for ds in datasets]).to(device=device, dtype=dtype)
 
+    first = datasets[0].x_train
+    if len(datasets) > 1 and all(torch.equal(ds.x_train, first) for ds in datasets[1:]):
+        x_train = first.to(device=device, dtype=dtype).expand(len(datasets), *first.shape)
+    else:
+        x_train = st("x_train")
     has_codim = datasets[0].codim_basis is not None
     return DataBatch(
-        st("x_train"),
+        x_train,
         st("y_train"),
         st("x_test"),
         st("y_test"),

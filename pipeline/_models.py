@@ -205,15 +205,58 @@ def loss_and_grads(
 CPU_BLOCK_BYTES = 3 << 19
 
 
-def block_bytes_per_member(dims: Sequence[int], n_rows: int, itemsize: int) -> int:
-    """Bytes one member touches in a step: inputs, activations, a scratch, and weights."""
+#: Fewest input features for which members that share their input train their first layer
+#: as one GEMM per block (see :class:`EnsembleStep`). Measured on the project's 2-core
+#: machines (float64, one thread, steps of a two-layer ReLU net): at input_dim 100 (n 256 to
+#: 1024, width 32 to 256) and 784 the wide GEMM is 5-15% faster per step; at input_dim 10,
+#: where the first layer is a small part of the step, the transposed layout it needs is
+#: 3-5% slower. Nothing measured in between: 32 splits the two.
+SHARED_MIN_INPUT_DIM = 32
+
+#: Least fraction of the weights in the first layer for the shared-input path: deeper
+#: layers read z_1 transposed, which costs a few percent where they do most of the work.
+#: Measured (float64, one thread): first layer 85% of the weights (n 256, input_dim 100,
+#: width 16, depth 3): 29% faster per step; 16% (input_dim 100, width 512, depth 3) and
+#: 20% (input_dim 64, width 128, depth 4): 2-3% slower.
+SHARED_MIN_FIRST_LAYER = 0.5
+
+#: Members that share their input go at least input_dim // width to a block, but no more
+#: than this many, even where one member's activations already exceed
+#: :data:`CPU_BLOCK_BYTES`. Where x is wider than a hidden layer, reading it
+#: once for several members pays; where it is narrower, more members' activations only
+#: spill the cache. Measured (float64, one thread, two-layer nets, 8 members): input_dim
+#: 784, width 128, n 512: blocks of 4-8 6-7% faster than blocks of 1; input_dim 100, width
+#: 32, n 1024: blocks of 2-4 9% faster; input_dim 100, width 256: blocks of 1-4 alike;
+#: input_dim 32, width 256, n 256: blocks of 4 18% slower than blocks of 1.
+SHARED_MIN_BLOCK = 4
+
+
+def block_bytes_per_member(
+    dims: Sequence[int], n_rows: int, itemsize: int, shared_input: bool = False
+) -> int:
+    """Bytes one member touches in a step: inputs (unless the block shares them, see
+    :func:`shares_input`), activations, a scratch, and weights."""
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
-    rows = n_rows * (sum(dims) + max(dims[1:]))
+    rows = n_rows * (sum(dims[int(shared_input) :]) + max(dims[1:]))
     return itemsize * (rows + n_params)
 
 
+def shares_input(x: Tensor) -> bool:
+    """Whether every member sees the same input rows: ``x`` (E, n, d) is one (n, d) matrix
+    expanded over the members (stride 0 along E, as :func:`pipeline._datasets.stack` and
+    the trainer's minibatches build it when the members' inputs are equal). O(1): the
+    equality was established once, where the view was made."""
+    return x.dim() == 3 and x.shape[0] > 1 and x.stride(0) == 0
+
+
 class _Block:
-    """Views of one block of members ``[s, e)`` into parameters and buffers (built once)."""
+    """Views of one block of members ``[s, e)`` into parameters and buffers (built once).
+
+    ``shared``: the block's members share their input (see :class:`EnsembleStep`): the
+    first layer's pre-activations and back-propagated scratch are then stored transposed,
+    (b, n_1, n) contiguous, so that all members' z_1ᵀ is one (b·n_1, n) matrix, and
+    ``w1`` (b·n_1, n_0) views all members' W_1 as one.
+    """
 
     def __init__(
         self,
@@ -224,8 +267,10 @@ class _Block:
         s: int,
         e: int,
         slope: activations.Slope,
+        shared: bool = False,
     ):
         L, b = len(params.weights), e - s
+        self.shared = shared
         self.s, self.e = s, e
         self.slope = slope[s:e] if isinstance(slope, Tensor) else slope
         self.w = [w[s:e] for w in params.weights]
@@ -241,6 +286,14 @@ class _Block:
         flat = self.z[L - 1].view(b, 1, -1)  # fᵀ as one row per member
         self.flat, self.flat_t = flat, flat.transpose(1, 2)
         self.sq, self.scale = (t[s:e] for t in per_member)
+        if shared:  # bufs[0] is (b, n_1, n): z_1ᵀ; the scratch's first layer likewise
+            self.zt[0], self.z[0] = self.z[0], self.z[0].transpose(1, 2)
+            scratch = bufs[L + 1 % n_back]
+            self.back_t1 = scratch.view(-1)[: self.zt[0].numel()].view(self.zt[0].shape)
+            self.back[1] = self.back_t1.transpose(1, 2)
+            self.w1 = self.w[0].view(-1, dims[0])
+            self.z1 = self.zt[0].view(-1, self.zt[0].shape[2])
+            self.bias1 = None if self.bias is None else self.bias[0].view(-1, 1)
 
 
 class EnsembleStep:
@@ -260,7 +313,19 @@ class EnsembleStep:
       which batched gemm does several times faster than n rows of k for small k;
     - :meth:`step` fuses the update into the backward: with the residual scaled by η
       per member, ``W ← W − c δᵀh`` is one ``baddbmm_`` per layer while the block is
-      in cache, and no gradient tensor is written.
+      in cache, and no gradient tensor is written;
+    - members that share their input (``x`` one (n, d) matrix expanded over E, see
+      :func:`shares_input`; e.g. a grid over init scale, width and lr on one data set)
+      train their first layer as one GEMM per block: their W_1 stacked are one
+      (b·n_1, n_0) matrix, so z_1ᵀ = c W_1 xᵀ (b·n_1 × n) and W_1 ← W_1 − c δ_1ᵀ x are
+      one wide ``addmm`` each instead of b narrow ones, x is read once per block, and a
+      member's working set no longer holds a copy of x (blocks grow; see
+      :data:`SHARED_MIN_BLOCK`). The cost: z_1 and the scratch behind δ_1 are stored
+      transposed, (b, n_1, n), so that every member's rows are one matrix, and the
+      second layer reads them as transposed operands; worth it only where the first
+      layer is a large part of the step (:data:`SHARED_MIN_INPUT_DIM`,
+      :data:`SHARED_MIN_FIRST_LAYER`). Deeper layers
+      are as above; nets without a hidden layer are not concerned.
 
     No host synchronisation and no loop over members (only over blocks of them).
     Views of the parameters are cached per ``Params`` object; update parameters in
@@ -283,20 +348,50 @@ class EnsembleStep:
         # linear nets: δ is the back-propagated scratch itself, so two of them alternate
         self._n_back = 2 if net.act.identity else 1
 
-    def block_size(self, x: Tensor) -> int:
+    def shared(self, params: Params, x: Tensor) -> bool:
+        """Whether the first layer runs as one GEMM per block (see the class docstring):
+        the members share ``x`` (:func:`shares_input`) of at least
+        :data:`SHARED_MIN_INPUT_DIM` features, the net has a hidden layer holding at least
+        :data:`SHARED_MIN_FIRST_LAYER` of the weights, and W_1 (and b_1) are contiguous,
+        so that a block's are one matrix."""
+        b1 = params.biases
+        return (
+            self._wide(x)
+            and params.weights[0].is_contiguous()
+            and (b1 is None or b1[0].is_contiguous())
+        )
+
+    def _wide(self, x: Tensor) -> bool:
+        dims = self.net.dims
+        first = dims[0] * dims[1]
+        return (
+            self.net.depth > 1
+            and dims[0] >= SHARED_MIN_INPUT_DIM
+            and first >= SHARED_MIN_FIRST_LAYER * sum(a * b for a, b in zip(dims, dims[1:]))
+            and shares_input(x)
+        )
+
+    def block_size(self, x: Tensor, shared: bool | None = None) -> int:
         """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
-        CPU, the whole ensemble elsewhere. Blocks are of equal size (±1) up to this."""
+        CPU (a shared input counted once, not per member), the whole ensemble elsewhere.
+        Blocks are of equal size (±1) up to this. ``shared``: whether the block's first layer
+        is one GEMM (:meth:`shared`; None: as it would be for contiguous weights); then at
+        least input_dim // width members (up to :data:`SHARED_MIN_BLOCK`)."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
         if x.device.type != "cpu":
             return self.E
-        per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size())
-        return max(1, min(self.E, CPU_BLOCK_BYTES // per))
+        shared = self._wide(x) if shared is None else shared
+        per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size(), shared)
+        dims = self.net.dims
+        least = min(SHARED_MIN_BLOCK, max(1, dims[0] // dims[1])) if shared else 1
+        return max(1, min(self.E, max(least, CPU_BLOCK_BYTES // per)))
 
     def blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:
-        b, n = self.block_size(x), x.shape[1]
+        shared = self.shared(params, x)
+        b, n = self.block_size(x, shared), x.shape[1]
         tensors = params.tensors()
-        key = (b, n, x.dtype, x.device)
+        key = (b, n, x.dtype, x.device, shared)
         hit = self._cache.get(key)
         if hit is not None:
             cached, bufs, blocks = hit
@@ -306,6 +401,8 @@ class EnsembleStep:
             dims = self.net.dims
             new = lambda *s: torch.empty(*s, dtype=x.dtype, device=x.device)  # noqa: E731
             bufs = [new(b, n, w) for w in dims[1:-1]] + [new(b, dims[-1], n)]
+            if shared:  # z_1 transposed
+                bufs[0] = new(b, dims[1], n)
             # back-propagated δ before φ': one scratch, since δ is written over h, except for
             # linear nets, whose δ is the scratch itself and ping-pongs between two
             bufs += [new(b, n, max(dims[1:])) for _ in range(self._n_back)]
@@ -314,7 +411,7 @@ class EnsembleStep:
                 self._cache.clear()
         # blocks of equal size (±1), none larger than b
         blocks = [
-            _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e, self._slope)
+            _Block(params, bufs[:-2], bufs[-2:], self.net.dims, s, e, self._slope, shared)
             for s, e in equal_blocks(self.E, b)
         ]
         # the cache holds the tensors themselves, so their ids cannot be reused meanwhile
@@ -326,7 +423,10 @@ class EnsembleStep:
             (cx, cy, cb), data = self._data
             if cx is x and cy is y and cb is blocks:
                 return data
-        data = [(x[k.s : k.e], y[k.s : k.e].transpose(1, 2)) for k in blocks]
+        # a shared input enters as its one (n, d) matrix
+        data = [
+            (x[k.s] if k.shared else x[k.s : k.e], y[k.s : k.e].transpose(1, 2)) for k in blocks
+        ]
         self._data = ((x, y, blocks), data)
         return data
 
@@ -337,7 +437,12 @@ class EnsembleStep:
         h = x
         for l in range(L - 1):
             z = k.z[l]
-            if k.bias_in is not None:
+            if l == 0 and k.shared:  # z_1ᵀ = c W_1 xᵀ (+ b_1) of every member at once
+                if k.bias1 is not None:
+                    torch.addmm(k.bias1, k.w1, x.t(), alpha=c[0], out=k.z1)
+                else:
+                    torch.addmm(k.z1, k.w1, x.t(), beta=0.0, alpha=c[0], out=k.z1)
+            elif k.bias_in is not None:
                 torch.baddbmm(k.bias_in[l], h, k.wt[l], alpha=c[l], out=z)
             elif c[l] == 1.0:
                 torch.bmm(h, k.wt[l], out=z)
@@ -361,15 +466,27 @@ class EnsembleStep:
         delta = k.zt[L - 1]
         for l in range(L - 1, -1, -1):
             back = k.back[l]
-            if back is not None:
+            if l == 1 and k.shared:  # into the transposed scratch: backᵀ = c W_2ᵀ δ_2ᵀ
+                bt = k.back_t1
+                torch.baddbmm(bt, k.wt[1], delta_t, beta=0.0, alpha=c[1], out=bt)
+            elif back is not None:
                 torch.baddbmm(back, delta, k.w[l], beta=0.0, alpha=c[l], out=back)
+            wide = l == 0 and k.shared  # W_1 ← W_1 − c δ_1ᵀ x, all members as one GEMM
+            d1 = delta_t.reshape(k.w1.shape[0], -1) if wide else None
             if grads is None:  # fused update θ ← θ − η∇L (η is inside δ)
-                k.w[l].baddbmm_(delta_t, posts[l], alpha=-c[l])
+                if wide:
+                    k.w1.addmm_(d1, x, alpha=-c[0])
+                else:
+                    k.w[l].baddbmm_(delta_t, posts[l], alpha=-c[l])
                 if k.bias is not None:
                     k.bias[l].sub_(delta_t.sum(2))
             else:
                 gw = grads.weights[l][k.s : k.e]
-                torch.baddbmm(gw, delta_t, posts[l], beta=0.0, alpha=c[l], out=gw)
+                if wide:
+                    gw = gw.view(k.w1.shape)
+                    torch.addmm(gw, d1, x, beta=0.0, alpha=c[0], out=gw)
+                else:
+                    torch.baddbmm(gw, delta_t, posts[l], beta=0.0, alpha=c[l], out=gw)
                 if k.bias is not None:
                     torch.sum(delta_t, 2, out=grads.biases[l][k.s : k.e])
             if back is not None:

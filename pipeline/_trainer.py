@@ -33,7 +33,13 @@ from phasesweep.pipeline._datasets import DataBatch, data_seed, make_dataset, st
 from phasesweep.pipeline._grid import Chunk, member_lr
 from phasesweep.pipeline._init import init_params
 from phasesweep.pipeline._metrics import MetricRecorder, probe_count
-from phasesweep.pipeline._models import EnsembleMLP, EnsembleStep, Params, equal_blocks
+from phasesweep.pipeline._models import (
+    EnsembleMLP,
+    EnsembleStep,
+    Params,
+    equal_blocks,
+    shares_input,
+)
 from phasesweep.pipeline._runs import runs_table
 from phasesweep.pipeline._seeding import derive_seed, permutations
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, log_steps, to_table
@@ -141,6 +147,10 @@ class ChunkTrainer:
             [derive_seed(c.train.seed, "sgd") for c in self.configs], device=self.device
         )
         self._perm: Tensor | None = None  # this epoch's group permutation, (E, groups)
+        # members sharing their inputs and their SGD seed share each minibatch's inputs too
+        self._shared_batches = shares_input(self.batch.x_train) and bool(
+            (self.sgd_seeds == self.sgd_seeds[0]).all()
+        )
 
     # -- learning-rate schedule --------------------------------------------------------
     def _eta(self, k: int, params: Params) -> Tensor:
@@ -159,7 +169,10 @@ class ChunkTrainer:
 
     # -- minibatches ---------------------------------------------------------------------
     def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
-        """Member-wise minibatch of step k (without replacement within an epoch; groups kept)."""
+        """Member-wise minibatch of step k (without replacement within an epoch; groups kept).
+
+        Members that share their training inputs and SGD seed get one (batch, d) input
+        matrix expanded over E (see :func:`pipeline._models.shares_input`)."""
         t, b = self.base.train, self.batch
         g = b.group_size
         n_groups = b.x_train.shape[1] // g
@@ -171,6 +184,8 @@ class ChunkTrainer:
         groups = self._perm[:, pos * per_step : (pos + 1) * per_step]
         idx = (groups.unsqueeze(-1) * g + torch.arange(g, device=self.device)).reshape(self.E, -1)
         rows = torch.arange(self.E, device=self.device).unsqueeze(1)
+        if self._shared_batches:
+            return b.x_train[0, idx[0]].expand(self.E, -1, -1), b.y_train[rows, idx]
         return b.x_train[rows, idx], b.y_train[rows, idx]
 
     # -- training ------------------------------------------------------------------------

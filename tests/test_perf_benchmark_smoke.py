@@ -109,3 +109,83 @@ def test_ray_pieces_at_toy_size(tmp_path):
         import ray
 
         ray.shutdown()
+
+
+# -- the shape suite (benchmarks/shapes.py) -------------------------------------------------
+
+
+def test_shape_suite_spans_the_stated_shapes():
+    from phasesweep.pipeline._datasets import data_seed
+
+    from benchmarks import shapes
+
+    full = shapes.FULL
+    assert 10 <= len(full) <= 14
+    assert (min(s.n for s in full), max(s.n for s in full)) == (64, 4096)
+    assert (min(s.d for s in full), max(s.d for s in full)) == (10, 784)
+    assert (min(s.width for s in full), max(s.width for s in full)) == (16, 4096)
+    assert (min(s.depth for s in full), max(s.depth for s in full)) == (2, 8)
+    assert {s.activation for s in full} == {"linear", "relu", "tanh"}
+    assert {s.shared for s in full} == {True, False}
+    for s in full + shapes.QUICK:
+        points = training.grid_points(s.spec())
+        assert len(points) == s.points and 1 <= s.baseline_points <= s.points
+        cfg = points[0].config
+        assert (cfg.data.n_train, cfg.data.input_dim, cfg.model.width) == (s.n, s.d, s.width)
+        data_seeds = {data_seed(p.config.data, p.config.train.seed) for p in points}
+        assert len(data_seeds) == (1 if s.shared else s.points)
+
+
+@pytest.mark.parametrize(
+    "activation,depth,shared", [("relu", 2, True), ("tanh", 3, False), ("linear", 2, True)]
+)
+def test_numpy_baseline_trains_what_phasesweep_trains(activation, depth, shared):
+    from benchmarks import shapes
+
+    shape = shapes.Shape(24, 40, 8, depth, activation, shared, 3, 15, 3)
+    points = training.grid_points(shape.spec())
+    ps = training.phasesweep_inprocess(points)
+    numpy_final = {p.run_id: shapes.numpy_train(p.config) for p in points}
+    assert training.max_rel_diff(numpy_final, ps["final_loss"]) < 1e-8
+    assert all(math.isfinite(v) and v > 0 for v in numpy_final.values())
+
+
+def test_numpy_baseline_refuses_what_it_does_not_train():
+    from benchmarks import shapes
+
+    cfg = training.grid_points(shapes.Shape(8, 4, 4, 2, "relu", True, 1, 2, 1).spec())[0].config
+    biased = cfg.model_copy(update={"model": cfg.model.model_copy(update={"bias": True})})
+    with pytest.raises(ValueError, match="bias-free"):
+        shapes.numpy_train(biased)
+    odd = cfg.model_copy(
+        update={"model": cfg.model.model_copy(update={"activation": "leaky_relu"})}
+    )
+    with pytest.raises(ValueError, match="activation"):
+        shapes.numpy_train(odd)
+
+
+@pytest.mark.timeout(600)
+def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
+    from benchmarks import shapes
+
+    toy = [
+        shapes.Shape(24, 40, 8, 2, "relu", True, 4, 5, 2),
+        shapes.Shape(16, 5, 8, 3, "tanh", False, 3, 5, 3),
+    ]
+    rep = shapes.run("toy", toy, workers=2, peak_seconds=0.02, out_dir=tmp_path)
+    data = json.loads((tmp_path / "shapes.toy.json").read_text())
+    md = (tmp_path / "shapes.toy.md").read_text()
+    assert (
+        [r["shape"] for r in data["shapes"]]
+        == [s.name for s in toy]
+        == [r["shape"] for r in rep["shapes"]]
+    )
+    assert data["blas"]["numpy"] != "unknown" and data["blas"]["torch"] != "unknown"
+    assert data["blas"]["numpy_threads"] == [1] and data["blas"]["torch_threads"] == 1
+    for r in data["shapes"]:
+        assert r["numpy_max_rel_diff"] < 1e-8 and r["torch_max_rel_diff"] < 1e-8
+        for key in ("flop_rate", "peak_fraction", "speedup_vs_numpy", "speedup_vs_torch"):
+            assert math.isfinite(r[key]) and r[key] > 0, key
+        assert math.isclose(r["peak_fraction"], r["flop_rate"] / data["peak_flops"])
+        assert len(r["block"]) == 2 and r["shape"] in md
+    assert "of peak" in md and data["blas"]["numpy"] in md
