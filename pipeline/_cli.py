@@ -261,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         "  phasesweep run sweeps/quickstart.yaml --address standing   # starts it\n"
         "  phasesweep standing status\n  phasesweep standing stop",
     )
-    standing.add_argument("action", choices=["status", "stop"])
+    standing.add_argument(
+        "action",
+        choices=["status", "stop"],
+        help="status: its address, if one runs; stop: end it and every process it started",
+    )
     return parser
 
 

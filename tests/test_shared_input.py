@@ -249,7 +249,8 @@ def test_chunk_equals_each_point_alone(activation, bias, depth, train, seeds, da
     trainer = ChunkTrainer(chunk)
     assert shares_input(trainer.batch.x_train) == shared
     tables = trainer.run()
-    assert trainer._stepper.shared(trainer.params0, trainer.batch.x_train) == shared
+    step = EnsembleStep(trainer.net, trainer.E)
+    assert step.shared(trainer.params0, trainer.batch.x_train) == shared
     together = _frame(tables, ["run_id", "step"])
     for p in points:
         alone = _frame(train_chunk(Chunk(p.run_id, (p,))), ["step"])
