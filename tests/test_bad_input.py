@@ -170,7 +170,11 @@ def test_endless_or_huge_spec_file_is_not_read_whole(tmp_path, capsys):
         ("--max-retries", "1.5", "is not an integer >= 0"),
         ("--address", "not a host", "is not auto, local, standing, HOST:PORT or ray://HOST:PORT"),
         ("--address", "127.0.0.1", "is not auto, local, standing, HOST:PORT or ray://HOST:PORT"),
-        ("--address", "ray://host:99999", "is not auto, local, standing, HOST:PORT or ray://HOST:PORT"),
+        (
+            "--address",
+            "ray://host:99999",
+            "is not auto, local, standing, HOST:PORT or ray://HOST:PORT",
+        ),
         ("--store", "", "is empty"),
         ("--store", "  ", "is empty"),
     ],

@@ -136,7 +136,7 @@ def test_unreachable_or_malformed_address_exits_2_and_writes_nothing(
     spec = tiny_spec()
     cases = [
         (["--address", "127.0.0.1:1"], {}, "cannot reach"),
-        (["--address", "not a host"], {}, "is not auto, local, HOST:PORT"),
+        (["--address", "not a host"], {}, "is not auto, local, standing, HOST:PORT"),
         ([], {"RAY_ADDRESS": "127.0.0.1:1"}, "cannot reach"),  # as `ray job submit` names it
     ]
     for args, env, why in cases:
