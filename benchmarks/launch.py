@@ -14,9 +14,9 @@ Each sample is a fresh process. One repeat takes, in this order:
   by the launch;
 - **embedded, again**: the same command right after, on a new sweep name so that it
   trains again (a second launch in a row pays the same: nothing outlives a launch);
-- **named cluster**: the same launch with ``--address`` to a Ray head started once on
-  loopback (``ray start --head``) before the repeats: a second launch in a row that
-  reuses a running Ray (the cluster's own start-up, paid once, is reported apart).
+- **standing**: the same launch with ``--address standing``, which joins the standing
+  local Ray (:mod:`pipeline._standing`) a first launch started before the repeats (that
+  first launch, which pays the start, is reported apart).
 
 Fixed cost = wall time − training time, where training time is the longest chunk's
 ``chunk_wall_seconds`` from the store (the chunks run side by side). Medians over the
@@ -31,8 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,95 +75,36 @@ def _launch(store: Path, sweep: str, extra: list[str], env: dict[str, str]) -> d
     return {"wall_s": wall, "training_s": training, "fixed_s": wall - training}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _head_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    # a loopback head without Ray's token auth (it would look for ~/.ray's token)
-    env.update(RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+def _standing_env(folder: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PHASESWEEP_STANDING_DIR"] = folder
     return env
 
 
-def _head(port: int, temp_dir: str, env: dict[str, str]) -> subprocess.Popen:
-    """``ray start --head --block`` on loopback in a session of its own (killed whole at the
-    end, so no other Ray on the machine is touched), with a private temp folder."""
-    command = [
-        str(BIN / "ray"), "start", "--head", "--block", f"--port={port}",
-        "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-        f"--num-cpus={os.cpu_count()}", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-
-
-def _wait_for_head(
-    port: int, head: subprocess.Popen, env: dict[str, str], timeout: float = 120.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            raise RuntimeError(f"ray start --head exited with {head.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            time.sleep(0.1)
-            continue
-        # the GCS answers before the raylet has registered: wait until a driver can join
-        join = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False)"
-        subprocess.run(
-            [sys.executable, "-c", join, f"127.0.0.1:{port}"],
-            env=env, check=True, capture_output=True, timeout=timeout,
-        )  # fmt: skip
-        return
-    raise TimeoutError(f"no Ray head on 127.0.0.1:{port} after {timeout:.0f} s")
-
-
-def _kill_session(leader: subprocess.Popen) -> None:
-    """SIGKILL every process of ``leader``'s session (the head's GCS, raylet, workers)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == leader.pid:
-                os.kill(int(stat.parent.name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
-    leader.wait(timeout=60)
-
-
 def run(repeats: int, out_dir: Path | None) -> dict[str, Any]:
-    env = _head_env()
-    port = _free_port()
     work = Path(tempfile.mkdtemp(prefix="launch-bench-"))
+    folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
+    env = _standing_env(folder)
+    standing = ["--address", "standing"]
     samples: dict[str, list[dict[str, float]]] = {
-        k: [] for k in ("import", "embedded", "embedded_again", "named_cluster")
+        k: [] for k in ("import", "embedded", "embedded_again", "standing")
     }
-    head_dir = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
-    start = time.perf_counter()
-    head = _head(port, head_dir, env)
     try:
-        _wait_for_head(port, head, env)
-        head_s = time.perf_counter() - start
+        first = _launch(work / "first", "first", standing, env)  # starts the standing Ray
         for r in range(repeats):
             base = _wall([sys.executable, "-c", "import torch, ray, pyarrow, duckdb"], env)
             samples["import"].append({"wall_s": base, "fixed_s": base})
             store = work / f"s{r}"
             samples["embedded"].append(_launch(store, f"tiny{r}a", [], env))
             samples["embedded_again"].append(_launch(store, f"tiny{r}b", [], env))
-            named = ["--address", f"127.0.0.1:{port}"]
-            samples["named_cluster"].append(_launch(store, f"tiny{r}c", named, env))
+            samples["standing"].append(_launch(store, f"tiny{r}c", standing, env))
             print(f"repeat {r + 1}/{repeats}: " + ", ".join(
                 f"{k} {v[-1]['fixed_s']:.2f} s" for k, v in samples.items()
             ), file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        _kill_session(head)
+        subprocess.run([str(BIN / "phasesweep"), "standing", "stop"], env=env, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     base = statistics.median(s["fixed_s"] for s in samples["import"])
     rows = {
         k: {
@@ -176,7 +115,7 @@ def run(repeats: int, out_dir: Path | None) -> dict[str, Any]:
     result = {
         "repeats": repeats,
         "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-        "cluster_start_s": head_s,
+        "standing_first": first,
         "median": rows,
         "samples": samples,
     }
@@ -192,7 +131,7 @@ LABELS = {
     "import": '`python -c "import torch, ray, pyarrow, duckdb"` (the unit)',
     "embedded": "`phasesweep run` tiny sweep, embedded Ray (default)",
     "embedded_again": "the same, second launch in a row",
-    "named_cluster": "the same with `--address` to a running loopback Ray head",
+    "standing": "the same with `--address standing` (the standing Ray already up)",
 }
 
 
@@ -201,8 +140,8 @@ def markdown(result: dict[str, Any]) -> str:
         "# A launch's fixed cost",
         "",
         f"- {result['repeats']} repeats, medians; load average at the end {result['load']}",
-        f"- starting the loopback head (`ray start --head`, once): "
-        f"{result['cluster_start_s']:.2f} s",
+        f"- the first `--address standing` launch, which starts the standing Ray: "
+        f"{result['standing_first']['wall_s']:.2f} s",
         "",
         "| launch | wall s | training s | fixed s | fixed / import | target ≤ 2 |",
         "|---|---|---|---|---|---|",
