@@ -116,6 +116,7 @@ def run(repeats: int, out_dir: Path | None) -> dict[str, Any]:
         "repeats": repeats,
         "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "standing_first": first,
+        "standing_dir": folder,
         "median": rows,
         "samples": samples,
     }

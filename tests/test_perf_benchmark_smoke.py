@@ -189,3 +189,45 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
         assert math.isclose(r["peak_fraction"], r["flop_rate"] / data["peak_flops"])
         assert len(r["block"]) == 2 and r["shape"] in md
     assert "of peak" in md and data["blas"]["numpy"] in md
+    assert all(r["met"] and r["met"] in md for r in data["shapes"])
+
+
+def test_shape_targets_follow_the_issue():
+    """≥ 50 % of the peak only where every hidden GEMM is 64³ or more; ≥ 2× numpy where
+    numpy runs below 40 % of the peak, else never slower."""
+    from benchmarks import shapes
+
+    row = {"n": 128, "d": 64, "width": 64, "flop_rate": 40.0, "phasesweep_train_s": 2.0}
+    # numpy: 80 FLOP in 2 s of 2 workers = 20 FLOP/s a core, 20 % of a peak of 100
+    got = shapes.targets({**row, "numpy_wall_s": 2.0, "speedup_vs_numpy": 1.9}, 100.0, 2)
+    assert math.isclose(got["numpy_peak_fraction"], 0.2) and math.isclose(got["peak_fraction"], 0.4)
+    assert got["met"] == "peak ≥ 50%: **no**; × numpy ≥ 2: **no**"
+    fast_numpy = {**row, "d": 10, "numpy_wall_s": 0.5, "speedup_vs_numpy": 1.0}
+    assert shapes.targets(fast_numpy, 100.0, 2)["met"] == "× numpy ≥ 1: yes"
+
+
+@pytest.mark.timeout(900)
+def test_launch_benchmark_at_one_repeat(tmp_path):
+    """Every launch of the fixed-cost benchmark trains and stores its sweep; the fixed cost
+    is the wall time less the training time, and the standing Ray is stopped at the end."""
+    from benchmarks import launch
+
+    result = launch.run(1, tmp_path)
+    md = (tmp_path / "quick.launch.md").read_text()
+    assert set(result["median"]) == {"import", "embedded", "embedded_again", "standing"}
+    for name, row in result["median"].items():
+        assert row["wall_s"] > 0 and math.isclose(
+            row["fixed_s"], row["wall_s"] - row.get("training_s", 0)
+        )
+        assert row["ratio_to_import"] > 0 and launch.LABELS[name] in md
+        if name != "import":
+            assert 0 < row["training_s"] < row["wall_s"]
+    assert result["standing_first"]["training_s"] > 0
+    # the standing Ray is stopped and its folder removed: no process runs from it
+    folder = result["standing_dir"]
+    assert not Path(folder).exists()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            assert folder not in cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
