@@ -231,6 +231,30 @@ SHARED_MIN_FIRST_LAYER = 0.5
 SHARED_MIN_BLOCK = 4
 
 
+#: Part of an accelerator's free memory (measured when a step lays out its blocks) that one
+#: block may take: the rest stays for the metrics, the trainer's copies of θ and other
+#: trials sharing the device (a fractional ``--gpus-per-trial``).
+DEVICE_MEMORY_FRACTION = 0.5
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device`` in bytes (CUDA: ``torch.cuda.mem_get_info``); None for the
+    CPU and for devices that do not report it."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return None
+
+
+def block_budget(device: torch.device) -> int | None:
+    """Bytes one block of members may touch on ``device``: :data:`CPU_BLOCK_BYTES` (a cache)
+    on CPU, :data:`DEVICE_MEMORY_FRACTION` of the free memory on a device that reports
+    it, else None (no limit: one block holds the ensemble)."""
+    if device.type == "cpu":
+        return CPU_BLOCK_BYTES
+    free = free_device_bytes(device)
+    return None if free is None else int(DEVICE_MEMORY_FRACTION * free)
+
+
 def block_bytes_per_member(
     dims: Sequence[int], n_rows: int, itemsize: int, shared_input: bool = False
 ) -> int:
@@ -302,7 +326,8 @@ class EnsembleStep:
     Computes what :func:`loss_and_grads` computes (equal up to round-off), but:
 
     - members are processed in blocks of ``block`` whose working set stays in cache
-      (on CPU; on other devices one block holds the whole ensemble): members never mix,
+      (on CPU; on a GPU one block holds the whole ensemble where half the free memory
+      holds it, else as many members as do: :func:`block_budget`): members never mix,
       and a batched matmul over a few members is several times faster per FLOP than
       one over a chunk whose activations stream from memory;
     - activations live in preallocated buffers and are overwritten in place (φ in
@@ -332,10 +357,17 @@ class EnsembleStep:
     place (as the trainer does) to keep the cache valid.
     """
 
-    def __init__(self, net: EnsembleMLP, n_members: int, block: int | None = None) -> None:
+    def __init__(
+        self,
+        net: EnsembleMLP,
+        n_members: int,
+        block: int | None = None,
+        budget: int | None = None,
+    ) -> None:
         self.net = net
         self.E = n_members
         self.block = block
+        self.budget = budget
         self._cache: dict[tuple, tuple[list[Tensor], list[Tensor], list[_Block]]] = {}
         self._data: tuple[tuple, list[tuple[Tensor, Tensor]]] | None = None
         # one slope for every member is a float: the activation's in-place kernels take it
@@ -372,20 +404,23 @@ class EnsembleStep:
         )
 
     def block_size(self, x: Tensor, shared: bool | None = None) -> int:
-        """Most members per block for inputs ``x`` (E, n, d): from :data:`CPU_BLOCK_BYTES` on
-        CPU (a shared input counted once, not per member), the whole ensemble elsewhere.
-        Blocks are of equal size (±1) up to this. ``shared``: whether the block's first layer
-        is one GEMM (:meth:`shared`; None: as it would be for contiguous weights); then at
-        least input_dim // width members (up to :data:`SHARED_MIN_BLOCK`)."""
+        """Most members per block for inputs ``x`` (E, n, d): as many as fit the budget
+        (``budget`` if given, else :func:`block_budget` of x's device: a cache on CPU,
+        part of the free memory on a GPU; a shared input counted once, not per member),
+        the whole ensemble where there is no budget. Blocks are of equal size (±1) up to
+        this. ``shared``: whether the block's first layer is one GEMM (:meth:`shared`;
+        None: as it would be for contiguous weights); then at least input_dim // width
+        members (up to :data:`SHARED_MIN_BLOCK`)."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
-        if x.device.type != "cpu":
+        budget = self.budget if self.budget is not None else block_budget(x.device)
+        if budget is None:
             return self.E
         shared = self._wide(x) if shared is None else shared
         per = block_bytes_per_member(self.net.dims, x.shape[1], x.element_size(), shared)
         dims = self.net.dims
         least = min(SHARED_MIN_BLOCK, max(1, dims[0] // dims[1])) if shared else 1
-        return max(1, min(self.E, max(least, CPU_BLOCK_BYTES // per)))
+        return max(1, min(self.E, max(least, budget // per)))
 
     def blocks_for(self, params: Params, x: Tensor) -> tuple[list[Tensor], list[_Block]]:
         shared = self.shared(params, x)

@@ -271,3 +271,44 @@ def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, 
                 np.testing.assert_allclose(a[col], b[col], rtol=1e-10, atol=1e-300, err_msg=col)
             else:
                 assert (a[col] == b[col]).all(), col
+
+
+def test_a_device_budget_splits_the_ensemble_and_changes_nothing_else():
+    """The accelerator's sizing (blocks from a memory budget) on CPU tensors: a budget of
+    three members' bytes gives blocks of at most three, with the losses, gradients and
+    fused update of the whole ensemble in one block."""
+    net, params, x, y = _net_and_params("tanh", "ntk", True, 3)
+    per = block_bytes_per_member(net.dims, x.shape[1], x.element_size())
+    small = EnsembleStep(net, E, budget=3 * per + per // 2)
+    whole = EnsembleStep(net, E, block=E)
+    assert small.block_size(x) == 3 and whole.block_size(x) == E
+    _, blocks = small.blocks_for(params, x)
+    assert max(k.e - k.s for k in blocks) == 3 and len(blocks) == -(-E // 3)
+    loss0, grads0 = whole.loss_and_grads(params, x, y)
+    loss1, grads1 = small.loss_and_grads(params, x, y)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-12, atol=0)
+    for g1, g0 in zip(grads1.tensors(), grads0.tensors()):
+        torch.testing.assert_close(g1, g0, rtol=1e-11, atol=1e-14)
+    eta = torch.full((E,), 0.05, dtype=torch.float64)
+    a, b = params.clone(), params.clone()
+    small.step(a, x, y, eta)
+    whole.step(b, x, y, eta)
+    for pa, pb in zip(a.tensors(), b.tensors()):
+        torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-14)
+    assert EnsembleStep(net, E, budget=1).block_size(x) == 1  # at least one member
+
+
+def test_block_budget_per_device(monkeypatch):
+    """CPU: the cache budget; CUDA: half the free memory torch reports (the CUDA branch,
+    with torch's report replaced, so it runs on a machine without a GPU); a device that
+    reports nothing: no budget, one block."""
+    from phasesweep.pipeline import _models
+
+    assert _models.block_budget(torch.device("cpu")) == CPU_BLOCK_BYTES
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000, 80_000))
+    assert _models.free_device_bytes(torch.device("cuda", 0)) == 10_000
+    assert _models.block_budget(torch.device("cuda", 0)) == 5_000
+    assert _models.block_budget(torch.device("meta")) is None
+    net, _, x, _ = _net_and_params("relu", "ntk", False, 2)
+    monkeypatch.setattr(_models, "block_budget", lambda device: None)
+    assert EnsembleStep(net, E).block_size(x) == E
