@@ -272,6 +272,7 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int) -> dict[str, 
         "phasesweep_train_s": train_s,
         "block": [p["block"] for p in parts],
         "flop_rate": flops / train_s,
+        "final_loss": final,  # for the device pass; not written out
     }
     sub = training.subset(points, min(shape.baseline_points, len(points)))
     for name, task in (("numpy", _numpy_task), ("torch", _torch_task)):
@@ -283,6 +284,35 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int) -> dict[str, 
         row[f"speedup_vs_{name}"] = wall / ps_wall
         row[f"{name}_max_rel_diff"] = training.max_rel_diff({r: v for r, v, _ in done}, final)
     return row
+
+
+def device_pass(shapes: Sequence[Shape], device: str, peak_seconds: float = 3.0) -> dict[str, Any]:
+    """Every shape's whole grid as one chunk on ``device`` (a GPU when one is present), in
+    this process: member-steps per second of the step loop and the computed FLOP rate as a
+    fraction of the device's float64 matmul peak, measured here (4096² and 8192² on a GPU;
+    small sizes elsewhere, where this only exercises the code). Final losses are checked
+    against the same grid on CPU by the caller."""
+    big = torch.device(device).type == "cuda"
+    sizes = (4096, 8192) if big else (256,)
+    peak = training.matmul_peak(device=device, sizes=sizes, seconds=peak_seconds)["flops"]
+    rows = []
+    for shape in shapes:
+        _log(f"{device}: shape {shape.name}")
+        points = expand(shape.spec())
+        r = training.phasesweep_inprocess(points, device=device)
+        computed = r["flops"] * computed_fraction(points[0])
+        rows.append(
+            {
+                "shape": shape.name,
+                "member_steps_per_s": len(points) * shape.steps / r["train_s"],
+                "peak_fraction": computed / r["train_s"] / peak,
+                "block": r["block"],
+                "wall_s": r["wall_s"],
+                "final_loss": r["final_loss"],
+            }
+        )
+    name = torch.cuda.get_device_name(device) if big else str(device)
+    return {"device": device, "name": name, "peak_flops": peak, "shapes": rows}
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -356,6 +386,20 @@ def markdown(report: dict[str, Any]) -> str:
                 v = v / 1e9
             cells.append(",".join(map(str, v)) if isinstance(v, list) else _fmt(v))
         lines.append("| " + " | ".join(cells) + f" | {r['steps']} |")
+    gpu = report.get("device")
+    if gpu:
+        lines += [
+            "",
+            f"## On {gpu['name']} (float64 matmul peak {gpu['peak_flops'] / 1e9:.1f} GFLOP/s)",
+            "",
+            "| shape | member-steps/s | of the device's peak | block | Δloss vs CPU |",
+            "|---|---|---|---|---|",
+        ]
+        for g in gpu["shapes"]:
+            lines.append(
+                f"| {g['shape']} | {_fmt(g['member_steps_per_s'])} | {_fmt(g['peak_fraction'])} "
+                f"| {g['block']} | {_fmt(g['max_rel_diff_vs_cpu'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -365,9 +409,11 @@ def run(
     workers: int = 2,
     peak_seconds: float = 3.0,
     out_dir: Path | None = RESULTS,
+    device: str | None = "cuda" if torch.cuda.is_available() else None,
 ) -> dict[str, Any]:
     """Measure ``shapes`` (the mode's list by default); write ``shapes{.mode}.{json,md}``
-    (``shapes.json`` for full) to ``out_dir`` unless None."""
+    (``shapes.json`` for full) to ``out_dir`` unless None. ``device``: also train every
+    grid there (:func:`device_pass`; by default on the GPU when there is one)."""
     shapes = list(shapes if shapes is not None else (FULL if mode == "full" else QUICK))
     started = time.perf_counter()
     meta = _meta()
@@ -385,6 +431,13 @@ def run(
     peak = max(peaks)
     for r in rows:  # against the best peak of the run
         r.update(targets(r, peak, workers))
+    gpu = None
+    if device is not None:
+        gpu = device_pass(shapes, device, peak_seconds)
+        for g, r in zip(gpu["shapes"], rows):
+            g["max_rel_diff_vs_cpu"] = training.max_rel_diff(g.pop("final_loss"), r["final_loss"])
+    for r in rows:
+        del r["final_loss"]
     meta.update(wall_s=time.perf_counter() - started, load_end=_load())
     report = {
         "mode": mode,
@@ -394,6 +447,7 @@ def run(
         "peak_flops": peak,
         "peaks": peaks,
         "shapes": rows,
+        "device": gpu,
     }
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -408,8 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run (< 2 min) at toy sizes")
     ap.add_argument("--workers", type=int, default=2, help="processes (one per core)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
+    ap.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else None,
+        help="also train every grid on this device, e.g. cuda (default: cuda when present)",
+    )
     args = ap.parse_args(argv)
-    report = run("quick" if args.quick else "full", workers=args.workers, out_dir=args.out)
+    mode = "quick" if args.quick else "full"
+    report = run(mode, workers=args.workers, out_dir=args.out, device=args.device)
     print(markdown(report))
     return 0
 

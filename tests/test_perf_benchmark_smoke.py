@@ -172,7 +172,8 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
         shapes.Shape(24, 40, 8, 2, "relu", True, 4, 5, 2),
         shapes.Shape(16, 5, 8, 3, "tanh", False, 3, 5, 3),
     ]
-    rep = shapes.run("toy", toy, workers=2, peak_seconds=0.02, out_dir=tmp_path)
+    # the device pass on CPU tensors: the code a GPU runs, checked against the CPU grids
+    rep = shapes.run("toy", toy, workers=2, peak_seconds=0.02, out_dir=tmp_path, device="cpu")
     data = json.loads((tmp_path / "shapes.toy.json").read_text())
     md = (tmp_path / "shapes.toy.md").read_text()
     assert (
@@ -190,6 +191,13 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
         assert len(r["block"]) == 2 and r["shape"] in md
     assert "of peak" in md and data["blas"]["numpy"] in md
     assert all(r["met"] and r["met"] in md for r in data["shapes"])
+    assert all("final_loss" not in r for r in data["shapes"])
+    dev = data["device"]
+    assert [g["shape"] for g in dev["shapes"]] == [s.name for s in toy]
+    for g in dev["shapes"]:
+        assert g["max_rel_diff_vs_cpu"] < 1e-10  # same float64 training on one device
+        assert g["member_steps_per_s"] > 0 and g["peak_fraction"] > 0
+        assert g["block"] >= 1 and g["shape"] in md.split("## On cpu", 1)[1]
 
 
 def test_shape_targets_follow_the_issue():
