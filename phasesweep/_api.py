@@ -195,7 +195,9 @@ def run(
 
     Same store, same resume semantics (stored points are skipped, failed ones trained
     again), same Ray default (an embedded local Ray private to this call unless
-    ``address`` names a cluster: ``auto``, ``host:port`` or ``ray://host:port``). The
+    ``address`` names a cluster: ``auto``, ``host:port`` or ``ray://host:port``; or
+    ``standing``: this user's standing local Ray, started on demand, left running for
+    the next launch and stopped after idling or by ``phasesweep standing stop``). The
     store is created if missing. Returns a
     :class:`~phasesweep.SweepOutcome` (``trained``, ``diverged``,
     ``skipped``, ``failed`` run ids, ``errors``).
