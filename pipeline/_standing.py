@@ -202,11 +202,13 @@ def stop() -> bool:
         return True
 
 
-def _session_pids(leader: int) -> list[int]:
+def session_pids(leader: int) -> list[int]:
+    """Pids of the live processes (not zombies) of the session ``leader`` leads."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == leader:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == leader and fields[0] != "Z":  # field 6: the session id
                 pids.append(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
             continue
@@ -216,7 +218,7 @@ def _session_pids(leader: int) -> list[int]:
 def _kill_session(leader: int) -> None:
     """SIGKILL every process of the session ``leader`` leads, this one last if it is in it."""
     me = os.getpid()
-    for pid in _session_pids(leader):
+    for pid in session_pids(leader):
         if pid != me:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from phasesweep.pipeline._standing import session_pids
 from phasesweep.storage import run_query
 
 #: Environment of a driver of a loopback cluster: Ray swaps a loopback address for the
@@ -171,15 +172,7 @@ def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
 
 def _session(leader: subprocess.Popen) -> list[int]:
     """Pids of the processes in ``leader``'s session (the node's raylet, store, workers)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == leader.pid:  # field 6 of stat: the session id
-            pids.append(int(stat.parent.name))
-    return pids
+    return session_pids(leader.pid)
 
 
 def _training(leader: subprocess.Popen) -> bool:

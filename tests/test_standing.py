@@ -28,19 +28,6 @@ def standing_dir(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _session_alive(leader: int) -> list[int]:
-    """Pids of the session's processes that have not exited (zombies count as exited)."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == leader and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
-    return alive
-
-
 def _run(phasesweep_cli, spec: Path, store: Path, *args: str, env: dict | None = None):
     proc = phasesweep_cli(
         ["run", str(spec), "--store", str(store), "--no-progress", *args], env_extra=env
@@ -68,7 +55,7 @@ def test_launches_share_one_standing_ray_until_stop(
     # the second launch joined the instance the first one started, and it is still up
     assert nodes["first"] == nodes["second"]
     leader = nodes["first"][0]
-    assert _session_alive(leader)
+    assert _standing.session_pids(leader)
     # the embedded default ignores it: a private Ray, another node
     spec = tiny_spec({"name": "embedded", "train.steps": 20})
     rc, out = _run(phasesweep_cli, spec, store)
@@ -83,7 +70,7 @@ def test_launches_share_one_standing_ray_until_stop(
     proc = phasesweep_cli(["standing", "stop"])
     assert proc.communicate(timeout=120)[0].strip() == "stopped"
     assert proc.returncode == 0
-    assert _session_alive(leader) == []
+    assert _standing.session_pids(leader) == []
     assert not (standing_dir / "instance.json").exists()
     status = phasesweep_cli(["standing", "status"]).communicate(timeout=60)[0]
     assert status.strip() == "no standing Ray is running"
@@ -96,9 +83,9 @@ def test_an_idle_standing_ray_stops_itself(standing_dir, tmp_path, tiny_spec, ph
     assert rc == 0, out
     leader = json.loads((standing_dir / "instance.json").read_text())["pid"]
     deadline = time.monotonic() + 300
-    while _session_alive(leader) and time.monotonic() < deadline:
+    while _standing.session_pids(leader) and time.monotonic() < deadline:
         time.sleep(1)
-    assert _session_alive(leader) == []
+    assert _standing.session_pids(leader) == []
     assert not (standing_dir / "instance.json").exists()
     assert _standing.address() is None
 
