@@ -57,12 +57,9 @@ def _wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
 def _training_seconds(store: Path, sweep: str) -> float:
     """The longest chunk's wall time in the store (chunks train side by side)."""
     table = ds.dataset(store / "runs", format="parquet", partitioning="hive").to_table(
-        columns=["sweep", "chunk_wall_seconds"]
+        columns=["chunk_wall_seconds"], filter=ds.field("sweep") == sweep
     )
-    rows = [
-        s for w, s in zip(table["sweep"].to_pylist(), table["chunk_wall_seconds"].to_pylist())
-        if w == sweep
-    ]  # fmt: skip
+    rows = table["chunk_wall_seconds"].to_pylist()
     if not rows:
         raise RuntimeError(f"the launch stored no runs of {sweep}")
     return max(rows)

@@ -12,7 +12,7 @@ standing instance joins it instead (0.3 s) and leaves it running.
   (:func:`state_dir`: ``$TMPDIR/phasesweep-ray-$UID``, or ``$PHASESWEEP_STANDING_DIR``),
   found through that folder's ``instance.json`` and nothing else, never through
   Ray's own discovery. The embedded default never uses it.
-- **Stopped** by ``phasesweep ray stop``, or by its watchdog once no launch has used it
+- **Stopped** by ``phasesweep standing stop``, or by its watchdog once no launch has used it
   for ``idle_minutes``. A launch holds a shared ``flock`` on ``in-use`` while it is
   connected (released by the kernel when it exits, even on SIGKILL); the watchdog
   counts idle time from the last moment it saw that lock held.
@@ -52,6 +52,14 @@ _POLL = 2.0
 #: it is, and no token auth (a driver does not present the token to a head it did not
 #: start); like any loopback service it is reachable by the machine's other users.
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _env() -> dict[str, str]:
+    """The environment of the head and of the drivers this module starts: :data:`ENV`, and
+    no ``$RAY_ADDRESS`` (it would name another cluster)."""
+    env = {**os.environ, **ENV}
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def state_dir() -> Path:
@@ -130,8 +138,6 @@ def ensure(num_cpus: int | None = None) -> str:
             return found
         hold()  # from now on: the watchdog's idle clock must not run out while it starts
         port = _free_port()
-        env = {**os.environ, **ENV}
-        env.pop("RAY_ADDRESS", None)
         ray_dir = tempfile.mkdtemp(prefix="r", dir=folder)  # short: Ray's socket paths
         command = [
             sys.executable, "-m", "phasesweep.pipeline._standing", "serve",
@@ -140,7 +146,7 @@ def ensure(num_cpus: int | None = None) -> str:
         ]  # fmt: skip
         log = open(folder / "standing.log", "ab")  # noqa: SIM115 (the child keeps it)
         leader = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         info = {"address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": ray_dir}
@@ -166,10 +172,8 @@ def _wait_joinable(info: dict, leader: subprocess.Popen) -> None:
                 f"{state_dir() / 'standing.log'}"
             )
         if _alive(info):
-            env = {**os.environ, **ENV}
-            env.pop("RAY_ADDRESS", None)
             done = subprocess.run(
-                [sys.executable, "-c", join, info["address"]], env=env, capture_output=True
+                [sys.executable, "-c", join, info["address"]], env=_env(), capture_output=True
             )
             if done.returncode == 0:
                 return
