@@ -372,8 +372,9 @@ def connect(address: str | None) -> None:
 
     With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
     launch (``address="local"``: Ray never looks for a cluster someone else started on
-    the machine). ``standing``: this user's standing local Ray, started on demand and
-    left running (:mod:`pipeline._standing`). Otherwise join that cluster; an unreachable
+    the machine), its trials at the priority of other processes
+    (:data:`pipeline._standing.LOCAL_DEFAULTS`). ``standing``: this user's standing local
+    Ray, started on demand and left running (:mod:`pipeline._standing`). Otherwise join that cluster; an unreachable
     or malformed address is a :class:`SpecError` naming ``--address`` (exit 2), raised
     within seconds.
     """
@@ -381,6 +382,9 @@ def connect(address: str | None) -> None:
     if address == STANDING:
         os.environ.update(standing.ENV)
         standing.hold()
+    elif not target:
+        for name, value in standing.LOCAL_DEFAULTS.items():
+            os.environ.setdefault(name, value)
     if _on_loopback(target):
         # Ray resolves a loopback head address to the machine's outward IP unless
         # this is off (read when ray is first imported); keep everything on loopback.

@@ -144,3 +144,40 @@ def test_a_bad_idle_time_exits_2_and_writes_nothing(
     assert _standing.IDLE_ENV in out and "number > 0" in out
     assert not store.exists() or not any(store.rglob("*.yaml"))
     assert not (standing_dir / "instance.json").exists()
+
+
+#: A driver that connects as a launch does (ray imported after connect set its environment)
+#: and prints the niceness its Ray worker runs at.
+_NICENESS_PROBE = (
+    "import os, sys; from phasesweep.pipeline._driver import connect; "
+    "connect(sys.argv[1] or None); import ray; "
+    "print(ray.get(ray.remote(lambda: os.nice(0)).remote()))"
+)
+
+
+def _worker_niceness(address: str, **env: str) -> int:
+    import subprocess
+    import sys
+
+    folder = tempfile.mkdtemp(prefix="pn", dir="/tmp")  # short: Ray's socket paths
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _NICENESS_PROBE, address],
+            env={**os.environ, "TMPDIR": folder, **env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert probe.returncode == 0, probe.stderr
+    return int(probe.stdout.split()[-1])
+
+
+def test_trials_of_a_local_ray_run_at_normal_priority(standing_dir):
+    """Ray's default worker niceness (15) starves trials beside any busy process; the local
+    Rays this tool starts run them at 0, unless the user's environment says otherwise."""
+    assert _standing.LOCAL_DEFAULTS == {"RAY_worker_niceness": "0"}
+    assert _worker_niceness("") == 0
+    assert _worker_niceness("", RAY_worker_niceness="12") == 12
+    assert _worker_niceness("standing") == 0
