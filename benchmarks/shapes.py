@@ -286,6 +286,10 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int) -> dict[str, 
     return row
 
 
+#: Where the device pass runs unless told: the GPU when there is one, else nowhere.
+DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else None
+
+
 def device_pass(shapes: Sequence[Shape], device: str, peak_seconds: float = 3.0) -> dict[str, Any]:
     """Every shape's whole grid as one chunk on ``device`` (a GPU when one is present), in
     this process: member-steps per second of the step loop and the computed FLOP rate as a
@@ -409,7 +413,7 @@ def run(
     workers: int = 2,
     peak_seconds: float = 3.0,
     out_dir: Path | None = RESULTS,
-    device: str | None = "cuda" if torch.cuda.is_available() else None,
+    device: str | None = DEFAULT_DEVICE,
 ) -> dict[str, Any]:
     """Measure ``shapes`` (the mode's list by default); write ``shapes{.mode}.{json,md}``
     (``shapes.json`` for full) to ``out_dir`` unless None. ``device``: also train every
@@ -464,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for the results")
     ap.add_argument(
         "--device",
-        default="cuda" if torch.cuda.is_available() else None,
+        default=DEFAULT_DEVICE,
         help="also train every grid on this device, e.g. cuda (default: cuda when present)",
     )
     args = ap.parse_args(argv)

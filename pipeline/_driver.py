@@ -374,9 +374,9 @@ def connect(address: str | None) -> None:
     launch (``address="local"``: Ray never looks for a cluster someone else started on
     the machine), its trials at the priority of other processes
     (:data:`pipeline._standing.LOCAL_DEFAULTS`). ``standing``: this user's standing local
-    Ray, started on demand and left running (:mod:`pipeline._standing`). Otherwise join that cluster; an unreachable
-    or malformed address is a :class:`SpecError` naming ``--address`` (exit 2), raised
-    within seconds.
+    Ray, started on demand and left running (:mod:`pipeline._standing`). Otherwise join
+    that cluster; an unreachable or malformed address is a :class:`SpecError` naming
+    ``--address`` (exit 2), raised within seconds.
     """
     target = cluster_address(address)
     if address == STANDING:
