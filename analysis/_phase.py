@@ -6,6 +6,7 @@ quoted (README) and run by hand: ``phasesweep query "$(python -c ...)"``.
 
 from __future__ import annotations
 
+from phasesweep.storage import sql_condition
 from phasesweep.storage._catalog import sql_string
 
 #: Phase-diagram values: name -> column of ``summaries`` (final values per run).
@@ -66,6 +67,7 @@ def phase_diagram_sql(
     group = (["facet"] if facet else []) + ["x", "y"]
     cond = f"r.sweep = {sql_string(sweep)}"
     if where:
+        sql_condition(where)
         cond += (
             f"\n  AND r.run_id IN (SELECT run_id FROM runs WHERE sweep = {sql_string(sweep)}"
             f" AND ({where}))"

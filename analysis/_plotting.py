@@ -31,6 +31,7 @@ from phasesweep.analysis._style import save
 from phasesweep.analysis.config import PlotSpec, StoredSweep, stored_sweep
 from phasesweep.analysis.figures import Context, Unavailable
 from phasesweep.analysis.figures._kind import Y_PREFERENCE
+from phasesweep.storage import sql_condition
 from phasesweep.storage._store import as_store
 
 from phasesweep._config import SpecError
@@ -64,13 +65,19 @@ def default_plots(ctx: Context) -> list[PlotSpec]:
 
 def check(p: PlotSpec, index: int, ctx: Context | None = None) -> None:
     """Raise ``SpecError`` (key ``plots[i].FIELD``) for a plot that cannot be drawn: an
-    unknown kind, axis or value, or (given a sweep) a ``where`` that is not valid SQL."""
+    unknown kind, axis or value, a ``where`` that is not one SQL condition
+    (``storage.sql_condition``), or (given a sweep) one that does not bind."""
     key = f"plots[{index}]"
     try:
         kind = figures.get(p.kind)
     except KeyError as e:
         raise SpecError(f"{key}.kind", p.kind, str(e.args[0]).split("; ", 1)[1]) from None
     kind.check(p, key)
+    if p.where:
+        try:
+            sql_condition(p.where)  # before any SQL holds it
+        except ValueError as e:
+            raise SpecError(f"{key}.where", p.where, str(e)) from None
     if p.where and ctx is not None:
         try:
             ctx.con.execute(

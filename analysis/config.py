@@ -160,7 +160,8 @@ class PlotSpec(Section):
     where: str | None = Field(
         None,
         description=(
-            "SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``."
+            "SQL condition on the ``runs`` columns selecting the runs drawn, e.g. ``seed = 0``; "
+            "one condition (no ';')."
         ),
     )
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")] | None = Field(

@@ -249,9 +249,11 @@ def connect(store: Store | str | Path | None = None) -> duckdb.DuckDBPyConnectio
     """A new DuckDB connection over the store with the views ``runs``, ``trajectories``,
     ``layers``, ``summaries``, ``plateaus``, ``scaling_fits`` and ``manifest``.
 
-    Read-only for the store: DuckDB's file, network and extension access is off and its
-    configuration locked (as for ``phasesweep query``); in-memory tables may still be
-    created. ``con.sql(...).df()`` gives a DataFrame. The views are a snapshot of the
+    Locked as for ``phasesweep query``: SQL on it reads the store's table files and no
+    other file, reaches no network, loads no extension and cannot unlock itself;
+    in-memory tables may still be created. DuckDB cannot make a file read-only, so do
+    not pass it SQL you did not write: use :func:`table` or :func:`arrow_table`, which
+    take one read-only statement only. ``con.sql(...).df()`` gives a DataFrame. The views are a snapshot of the
     files present now; close the connection (``con.close()``) when done.
     """
     from phasesweep.storage import open_catalog

@@ -13,6 +13,7 @@ from phasesweep.storage._query import (
     ReadOnlyQueryError,
     query_table,
     run_query,
+    sql_condition,
 )
 from phasesweep.storage._store import DamagedFileWarning, Store, resolve_store_uri
 from phasesweep.storage._writer import UnsafePathError, safe_output_path
@@ -29,5 +30,6 @@ __all__ = [
     "run_query",
     "safe_output_path",
     "schema",
+    "sql_condition",
     "verify",
 ]

@@ -25,6 +25,8 @@ costs its own rows, never the other files' or another sweep's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -59,13 +61,46 @@ SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt =
 }
 
 
-#: DuckDB settings of a locked connection: no file, network or extension access by
-#: DuckDB itself, no scans of Python variables, and no way to change any of that.
-LOCKED = {
-    "enable_external_access": False,
-    "python_enable_replacements": False,
-    "lock_configuration": True,
-}
+def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB connection whose SQL can read the local files ``paths`` and no
+    other file.
+
+    DuckDB's own file, network and extension access is off (``enable_external_access``)
+    except for reading exactly ``paths`` (``allowed_paths``: no directory, no glob, no
+    temporary file beside them); scans of Python variables are off; and nothing can
+    change that (``lock_configuration``). In-memory tables may still be created.
+
+    DuckDB has no read-only permission for a file: a ``COPY ... TO`` or ``ATTACH``
+    *statement* naming one of ``paths`` could write over it. So SQL from outside never
+    reaches such a connection unchecked: ``run_query`` takes one read-only statement
+    only, and the conditions a spec carries pass :func:`sql_condition`, which refuses
+    anything that could end the statement they go into.
+    """
+    con = duckdb.connect(config={"python_enable_replacements": False})
+    # allowed_paths can only be set once the database is started, and before the lock
+    con.execute("SET allowed_paths = ?", [list(paths)])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def catalog_connection(store: Store, files: dict[str, list[str]]) -> duckdb.DuckDBPyConnection:
+    """A :func:`locked_connection` with the catalog views over ``files`` (per table).
+
+    A local store's files are read by DuckDB's own ``read_parquet`` (the only files the
+    connection may read); an object store's through ``pyarrow.dataset`` (DuckDB reaches
+    no object store while locked). The Parquet reader is 5-6× faster on a phase-diagram
+    query: it pushes the joins' filters into the scan (0.10 s against 0.57 s at 4 M rows).
+    """
+    local = store.is_local
+    con = locked_connection([p for paths in files.values() for p in paths] if local else ())
+    try:
+        create_views(con, store, via_arrow=not local, files=files)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
 
 #: How often the file lists are taken anew when compactions keep changing them.
 SNAPSHOT_TRIES = 5
@@ -78,20 +113,18 @@ def open_catalog(
 
     Works on an empty or missing store (empty views with the schema's columns).
 
-    By default the connection is locked (``LOCKED``): the views scan Arrow datasets
-    registered from Python, and SQL on it (a spec's ``where`` filter included)
-    cannot read or write any file, attach databases, install or load extensions,
-    or unlock itself; it can still create in-memory tables. This is what analysis
-    code gets. ``external_access=True`` (trusted maintenance code only) gives an
-    unlocked connection whose views use DuckDB's own ``read_parquet`` (object
-    stores through the store's fsspec file system, ``register_filesystem``).
-    For untrusted statements use ``run_query``, which also checks the statement.
+    By default the connection is locked (:func:`catalog_connection`): SQL on it can read
+    the snapshot's files and no other file, reach no network, install or load no
+    extension and not unlock itself; it can still create in-memory tables. This is what
+    analysis code gets. Give it no statement from outside: those go through
+    ``run_query``, which checks them, and conditions through :func:`sql_condition`.
+    ``external_access=True`` (trusted maintenance code only) gives an unlocked
+    connection (object stores through the store's fsspec file system,
+    ``register_filesystem``).
     """
     store = as_store(store_or_uri)
     if not external_access:
-        con = duckdb.connect(config=LOCKED)
-        create_views(con, store, via_arrow=True)
-        return con
+        return catalog_connection(store, snapshot(store))
     con = duckdb.connect()
     if not store.is_local:
         con.register_filesystem(store.fs)
@@ -122,7 +155,8 @@ def create_views(
     """Create the catalog views on ``con``; they are the only names it lists (``SHOW TABLES``).
 
     ``via_arrow=False``: read Parquet with DuckDB's ``read_parquet`` (needs DuckDB
-    file access). ``via_arrow=True``: scan ``pyarrow.dataset`` objects registered
+    access to the files: unlocked, or a :func:`locked_connection` allowed them).
+    ``via_arrow=True``: scan ``pyarrow.dataset`` objects registered
     on the connection, which keeps working after DuckDB's own file access is
     switched off (locked connections, ``run_query``). ``files``: the files per
     table to read (a table left out reads as empty); default ``snapshot(store)``.

@@ -16,11 +16,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 from phasesweep.storage import schema
-from phasesweep.storage._catalog import LOCKED, create_views, snapshot
+from phasesweep.storage._catalog import catalog_connection, snapshot
 from phasesweep.storage._manifest import encode_entry, manifest_entry
 from phasesweep.storage._store import Store, as_store
 from phasesweep.storage._writer import parquet_bytes
@@ -346,10 +345,9 @@ def _compact_sweep(store: Store, sweep: str, rows_per_file: int, report: Report)
     if all(len(paths) <= 1 for paths in replace.values()):
         return  # one committed attempt in one file per table: nothing to merge
     attempt = f"-{10**19 - time.time_ns():019d}{uuid.uuid4().hex[:6]}"
-    con = duckdb.connect(config=LOCKED)
+    con = catalog_connection(store, replace)
     written: list[dict] = []
     try:
-        create_views(con, store, via_arrow=True, files=replace)
         for table, order in (
             ("trajectories", "run_id, step"),
             ("layers", "run_id, step, layer"),

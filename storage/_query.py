@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import duckdb
 import pyarrow as pa
-from phasesweep.storage._catalog import LOCKED, SNAPSHOT_TRIES, create_views, snapshot
+from phasesweep.storage._catalog import SNAPSHOT_TRIES, catalog_connection, snapshot
 from phasesweep.storage._store import Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
@@ -37,27 +37,28 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
     files (e.g. ``read_csv``). SQL errors are raised as ``duckdb.Error``.
 
     Beyond the statement check, the query runs on a locked catalog connection
-    (``open_catalog``'s default): it cannot reach any file, so it cannot change the
-    store. The whole result is materialised in memory: add a LIMIT for large
-    outputs. A query that fails because a file went away meanwhile (a compaction)
+    (``open_catalog``'s default): it cannot reach any file but the store's tables,
+    and the statement check keeps it from writing over those. The whole result is
+    materialised in memory: add a LIMIT for large outputs. A query that fails because a file went away meanwhile (a compaction)
     runs again on new lists.
     """
     statement = _read_only_statement(sql)
     store = as_store(store_or_uri)
     for tries_left in reversed(range(SNAPSHOT_TRIES)):
         files = snapshot(store)
-        con = duckdb.connect(config=LOCKED)
+        con = None
         try:
-            create_views(con, store, via_arrow=True, files=files)
+            con = catalog_connection(store, files)
             return con.sql(statement).to_arrow_table()
-        except duckdb.PermissionException as e:
-            raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
-        except (duckdb.Error, OSError):
-            # a file listed went away (compaction): run it again on new lists, else raise
-            if not tries_left or snapshot(store) == files:
-                raise
+        except (duckdb.Error, OSError) as e:
+            if tries_left and snapshot(store) != files:
+                continue  # a file listed went away (compaction): run it again on new lists
+            if isinstance(e, duckdb.PermissionException):
+                raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
+            raise
         finally:
-            con.close()
+            if con is not None:
+                con.close()
     raise AssertionError("unreachable: the last try returns or raises")
 
 
@@ -79,12 +80,42 @@ def _read_only_statement(sql: str) -> str:
     return statements[0].query
 
 
-def _has_analyze(text: str) -> bool:
-    """Whether ``text`` has the keyword ANALYZE/ANALYSE, by DuckDB's tokenizer."""
+def sql_condition(text: str) -> str:
+    """``text`` if it is one SQL condition that can go into a statement's WHERE clause as
+    it is (e.g. a plot's ``where``), else ``ReadOnlyQueryError``.
+
+    DuckDB's parser must take it as exactly one expression (``duckdb.SQLExpression``),
+    with no ``;`` outside its string literals (the parser lets a trailing one pass): no
+    semicolon that could end the statement it goes into and start one that writes (see
+    :func:`catalog_connection`), no unbalanced parenthesis or quote that could carry it
+    out of its place. The check reads the text alone, so it holds whatever SQL the
+    condition is put into. Columns are not bound here: an unknown column fails when the
+    statement runs.
+    """
+    try:
+        duckdb.SQLExpression(text)
+        problem = None
+    except duckdb.Error as e:  # ParserException; InvalidInputException for a list
+        problem = str(e)
+    # outside the except block: the parser's traceback is not kept alive by ours
+    if problem is not None:
+        raise ReadOnlyQueryError(f"not one SQL condition: {text!r} ({problem})")
+    if any(kind == duckdb.token_type.operator and ";" in token for kind, token in _tokens(text)):
+        raise ReadOnlyQueryError(f"not one SQL condition: {text!r} (';' ends a statement)")
+    return text
+
+
+def _tokens(text: str) -> list[tuple[duckdb.token_type, str]]:
+    """``text`` as DuckDB's tokenizer splits it: (kind, the token's text with the blanks
+    after it)."""
     tokens = duckdb.tokenize(text)
     ends = [start for start, _ in tokens[1:]] + [len(text)]
+    return [(kind, text[start:end]) for (start, kind), end in zip(tokens, ends, strict=True)]
+
+
+def _has_analyze(text: str) -> bool:
+    """Whether ``text`` has the keyword ANALYZE/ANALYSE, by DuckDB's tokenizer."""
     return any(
-        kind == duckdb.token_type.keyword
-        and text[start:end].strip().upper() in ("ANALYZE", "ANALYSE")
-        for (start, kind), end in zip(tokens, ends, strict=True)
+        kind == duckdb.token_type.keyword and token.strip().upper() in ("ANALYZE", "ANALYSE")
+        for kind, token in _tokens(text)
     )

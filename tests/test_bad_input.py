@@ -51,6 +51,12 @@ BAD_SPECS = [
         "(did you mean plots.0.value?)",
     ),
     ("plots", [{"kind": "loss_curves", "name": "a\n"}], "plots.0.name", r"'a\n'"),
+    (
+        "plots",
+        [{"kind": "loss_curves", "where": "seed = 0; COPY runs TO 'x.csv'"}],
+        "plots[0].where",
+        "not one SQL condition",
+    ),
     ("grid", {"train.lr_scaling.nope": [1.0]}, "grid.train.lr_scaling.nope", "unknown axis"),
 ]
 

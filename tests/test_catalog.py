@@ -9,7 +9,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from phasesweep.storage import ReadOnlyQueryError, Store, open_catalog, run_query, schema
+from phasesweep.storage import (
+    ReadOnlyQueryError,
+    Store,
+    open_catalog,
+    run_query,
+    schema,
+    sql_condition,
+)
 from phasesweep.storage._writer import parquet_bytes, put_atomic
 
 VIEWS = {
@@ -153,15 +160,19 @@ def test_run_query_guard(tmp_path, store_make_chunk):
         "SELECT 1; SELECT 2": "exactly one",
         "EXPLAIN ANALYZE COPY (SELECT 1) TO '{root}/x.csv'": "ANALYZE",
         "EXPLAIN (ANALYZE) CREATE TABLE t AS SELECT 1": "ANALYZE",
-        "SELECT * FROM read_parquet('{runs_file}')": "access",
+        "SELECT * FROM read_parquet('{root}/runs/**/*.parquet')": "access",
+        "SELECT * FROM read_text('{spec_file}')": "access",
         "SELECT * FROM read_text('/etc/hostname')": "access",
         "SELECT * FROM glob('{root}/*')": "access",
         "": "exactly one",
     }
+    (spec_file,) = tmp_path.rglob("s.yaml")
     for template, message in attacks.items():
-        sql = template.format(root=tmp_path, runs_file=runs_file)
+        sql = template.format(root=tmp_path, runs_file=runs_file, spec_file=spec_file)
         with pytest.raises(ReadOnlyQueryError, match=message):
             run_query(store, sql)
+    # the one thing beyond the views: reading the tables' own files, which they show anyway
+    assert run_query(store, f"SELECT count(*) FROM read_parquet('{runs_file}')")[1] == [(2,)]
     assert _fingerprint(tmp_path) == before
 
 
@@ -181,22 +192,29 @@ def test_run_query_reports_sql_errors(tmp_path):
 def test_query_connection_is_hardened_without_the_statement_check(
     tmp_path, store_make_chunk, monkeypatch
 ):
-    """Defence in depth: with the statement check bypassed, DuckDB itself refuses."""
+    """Defence in depth: with the statement check bypassed, DuckDB itself refuses every
+    file but the tables' own, every extension and every change of its settings. (The
+    tables' files it would let a COPY or ATTACH statement write over: keeping those
+    statements out is the statement check's job, tested above.)"""
     from phasesweep.storage import _query as query_mod
 
     store = Store.open(str(tmp_path))
     store.write_chunk("s", "c0", store_make_chunk(["r1"]))
+    store.write_spec("s", "name: s\n")
+    (spec_file,) = tmp_path.rglob("s.yaml")
     before = _fingerprint(tmp_path)
-    runs_file = store.files("runs")[0]
     monkeypatch.setattr(query_mod, "_read_only_statement", lambda sql: sql)
     attacks = [
         f"COPY (SELECT 1 AS x) TO '{tmp_path}/runs/sweep=s/evil.parquet' (FORMAT parquet)",
-        f"COPY runs TO '{runs_file}' (FORMAT parquet)",
+        f"COPY runs TO '{tmp_path}/evil.csv'",
         f"ATTACH '{tmp_path}/evil.duckdb' AS evil",
         f"EXPORT DATABASE '{tmp_path}/dump'",
+        f"SELECT * FROM read_text('{spec_file}')",
         "INSTALL httpfs",
         "LOAD httpfs",
         "SET enable_external_access = true",
+        "SET allowed_directories = ['/']",
+        "SET allowed_paths = ['/etc/hostname']",
         "SET lock_configuration = false",
         "SET python_enable_replacements = true",
         "DELETE FROM runs",
@@ -225,7 +243,7 @@ def test_catalog_for_analysis_cannot_reach_files(tmp_path, store_make_chunk):
         f"width IN (SELECT width FROM read_parquet('{elsewhere}/*'))",
         "width IN (SELECT length(content) FROM read_text('/etc/hostname'))",
         f"width IN (SELECT 1 FROM glob('{elsewhere}/*'))",
-        f"width IN (SELECT 1 FROM read_parquet('{store.files('runs')[0]}'))",
+        f"width IN (SELECT 1 FROM read_parquet('{tmp_path}/store/runs/**/*.parquet'))",
     ]
     for where in wheres:
         with pytest.raises(duckdb.PermissionException):
@@ -252,3 +270,56 @@ def test_catalog_for_analysis_cannot_reach_files(tmp_path, store_make_chunk):
     assert full.sql("SELECT * FROM layers ORDER BY ALL").fetchall() == (
         con.sql("SELECT * FROM layers ORDER BY ALL").fetchall()
     )
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "seed = 0",
+        "width IN (16, 64) AND init_scale < 1e-2",
+        "activation = 'a;b'",  # a semicolon in a string literal is data
+        "run_id IN (SELECT run_id FROM runs WHERE status = 'completed')",
+    ],
+)
+def test_sql_condition_takes_one_condition(where):
+    assert sql_condition(where) == where
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "seed = 0; COPY runs TO 'x.parquet'",
+        "seed = 0);(SELECT 1",
+        "seed = 0;",
+        "seed = (0",
+        "seed = 0) ORDER BY (1",
+        "1 = 1) UNION SELECT (1",
+        "seed = 0, width = 16",
+        "",
+    ],
+)
+def test_sql_condition_refuses_what_could_leave_its_statement(where):
+    with pytest.raises(ReadOnlyQueryError, match="not one SQL condition"):
+        sql_condition(where)
+
+
+def test_conditions_from_outside_cannot_write_over_the_tables(tmp_path, store_make_chunk):
+    """A plot's ``where`` goes into SQL on open_catalog's connection, which could write
+    over the tables' files with a COPY statement: the condition check keeps statements
+    out wherever a ``where`` is put into SQL (figures, the phase-diagram query)."""
+    from phasesweep.analysis import phase_diagram_sql
+    from phasesweep.analysis.figures._kind import in_runs
+
+    store = Store.open(str(tmp_path))
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
+    runs_file = store.files("runs")[0]
+    before = _fingerprint(tmp_path)
+    evil = f"1 = 1); COPY (SELECT 1) TO '{runs_file}' (FORMAT csv, USE_TMP_FILE false); SELECT (1"
+    with pytest.raises(ReadOnlyQueryError, match="not one SQL condition"):
+        in_runs(evil)
+    with pytest.raises(ReadOnlyQueryError, match="not one SQL condition"):
+        phase_diagram_sql("s", where=evil)
+    assert _fingerprint(tmp_path) == before
+    con = open_catalog(store)
+    cond = in_runs("run_id = 'r1'")
+    assert con.execute(f"SELECT run_id FROM runs WHERE {cond}", ["s"]).fetchall() == [("r1",)]

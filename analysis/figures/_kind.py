@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from phasesweep.analysis import _style as style
 from phasesweep.analysis._phase import AXES
 from phasesweep.analysis.config import AnalysisConfig, PlotSpec, StoredSweep
+from phasesweep.storage import sql_condition
 from phasesweep.storage._catalog import sql_string
 
 from phasesweep._config import SpecError
@@ -162,7 +163,7 @@ def first_free(ctx: Context, prefer: tuple[str, ...], taken: set[str], where: st
 def in_runs(where: str | None) -> str:
     """SQL condition (alias-free) selecting the sweep's runs matching ``where``; its one
     ``?`` is the sweep."""
-    cond = "sweep = ?" + (f" AND ({where})" if where else "")
+    cond = "sweep = ?" + (f" AND ({sql_condition(where)})" if where else "")
     return f"run_id IN (SELECT run_id FROM runs WHERE {cond})"
 
 
