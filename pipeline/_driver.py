@@ -411,6 +411,18 @@ def connect(address: str | None) -> None:
         ) from None
 
 
+def disconnect() -> None:
+    """Leave Ray now if this process started or joined it: a private local Ray stops, a
+    standing Ray or a named cluster goes on. For a process about to exit (the
+    ``phasesweep`` command): Ray's own exit hook would do the same, but first sleeps
+    0.5 s so that worker logs reach the console, which a launch never shows
+    (``log_to_driver=False`` in :func:`connect`)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @contextlib.contextmanager
 def launch_folder() -> Iterator[str]:
     """A local folder private to this launch (Tune's experiment directory goes here).

@@ -165,6 +165,27 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
 
 
+def test_the_command_leaves_ray_before_the_interpreter_exits(
+    tmp_path, monkeypatch, capsys, ray_local, tiny_spec
+):
+    """``phasesweep`` (the console entry) disconnects from the Ray its launch used before it
+    exits, not in Ray's exit hook (which first sleeps half a second); a command that never
+    imported Ray does not import it to check."""
+    import sys
+
+    import ray
+    from phasesweep.pipeline._cli import console
+
+    store = tmp_path / "store"
+    argv = ["phasesweep", "run", str(tiny_spec()), "--store", str(store), "--no-progress"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        console()
+    assert e.value.code == 0 and not ray.is_initialized()
+    assert _count(store, "SELECT count(*) FROM runs WHERE status = 'completed'") == 6
+    capsys.readouterr()
+
+
 def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
