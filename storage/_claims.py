@@ -216,22 +216,19 @@ class Claims:
         """Per claimed run id: its newest generation and the lease id that claim names."""
         newest = {r: max(g) for r, g in self._generations(run_ids).items()}
         paths = [self._point(r, g) for r, g in newest.items()]
-        blobs = self.store.fs.cat(paths, on_error="omit") if paths else {}
         out = {}
-        for (run_id, gen), path in zip(newest.items(), paths):
-            blob = blobs.get(path) or blobs.get(self.store.fs._strip_protocol(path))
-            out[run_id] = (gen, blob.decode() if blob else None)
+        for (run_id, gen), blob in zip(newest.items(), self.store.read_files(paths), strict=True):
+            out[run_id] = (gen, blob.decode() if isinstance(blob, bytes) and blob else None)
         return out
 
     def _alive(self, lease_ids: set[str | None]) -> dict[str, bool]:
         """Which of ``lease_ids`` are live (see the module docstring)."""
         ids = sorted(i for i in lease_ids if i)
-        paths = [self.lease_path(i) for i in ids]
-        blobs = self.store.fs.cat(paths, on_error="omit") if paths else {}
+        blobs = self.store.read_files([self.lease_path(i) for i in ids])
         now, host = time.time(), socket.gethostname()
         alive = {}
-        for lease_id, path in zip(ids, paths):
-            blob = blobs.get(path) or blobs.get(self.store.fs._strip_protocol(path))
+        for lease_id, blob in zip(ids, blobs, strict=True):
+            blob = blob if isinstance(blob, bytes) else None  # gone or unreadable: not live
             try:
                 body = json.loads(blob) if blob else None
             except ValueError:

@@ -9,6 +9,7 @@ Quarantine: ``verify --repair`` moves unreadable files to
 
 from __future__ import annotations
 
+import glob
 import posixpath
 import time
 import uuid
@@ -263,7 +264,7 @@ def _temp_files(store: Store, sweep: str) -> list[str]:
     ]
     dirs.append(posixpath.dirname(store.manifest_path(sweep, "x", "y")))
     for d in dirs:
-        found += store.fs.glob(f"{d}/.*.tmp")
+        found += store.fs.glob(f"{glob.escape(d)}/.*.tmp")
     return sorted(found)
 
 

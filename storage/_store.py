@@ -13,6 +13,7 @@ Files never contain the ``sweep`` column: it comes from the directory name.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import posixpath
@@ -184,7 +185,13 @@ class Store:
         return sorted(bad, key=lambda d: d.path)
 
     def _pattern(self, table: str, sweep: str | None) -> str:
-        return f"{self.table_dir(table)}/sweep={sweep or '*'}/*.parquet"
+        self.table_dir(table)  # checks the name
+        return self._under_root(f"{table}/sweep={sweep or '*'}/*.parquet")
+
+    def _under_root(self, pattern: str) -> str:
+        """A glob pattern below the root that takes the root literally: a root such as
+        ``results[v2]`` would otherwise be read as a pattern and match nothing."""
+        return f"{glob.escape(self.root)}/{pattern}"
 
     def _listing(self, table: str, sweep: str | None) -> dict[str, dict]:
         """``glob(detail=True)`` of the table's files, taken again if a file vanishes
@@ -236,10 +243,20 @@ class Store:
         )  # one batched, concurrent request per file
         return [None if isinstance(t, FileNotFoundError) else _bytes_or_raise(t) for t in got]
 
+    def read_files(self, paths: list[str]) -> list[bytes | Exception]:
+        """The whole contents of ``paths``, in order: the exception instead where a file
+        cannot be read (``FileNotFoundError`` for one that vanished). One batched,
+        concurrent request per file on object stores. Paths are taken literally
+        (``fs.cat`` of a list expands glob characters in them, e.g. a root ``a[1]``)."""
+        if not paths:
+            return []
+        return self.fs.cat_ranges(paths, [0] * len(paths), [None] * len(paths), on_error="return")
+
     def sweeps(self) -> list[str]:
         """Sorted names of the sweeps with a spec or at least one committed chunk."""
         names = {_sweep_of(p) for p in self.files("runs")}
-        names.update(posixpath.basename(p)[: -len(".yaml")] for p in self.fs.glob(self._spec("*")))
+        specs = self.fs.glob(self._under_root("specs/*.yaml"))
+        names.update(posixpath.basename(p)[: -len(".yaml")] for p in specs)
         return sorted(names)
 
     def done_run_ids(self, sweep: str) -> set[str]:
@@ -386,7 +403,7 @@ class Store:
 
     def manifest_paths(self, sweep: str | None = None) -> list[str]:
         """Paths (on ``fs``) of the manifest entry files, of one sweep or of all, sorted."""
-        return sorted(self.fs.glob(f"{self._manifest_dir(sweep or '*')}/*.json"))
+        return sorted(self.fs.glob(self._under_root(f"manifest/sweep={sweep or '*'}/*.json")))
 
     def manifest_path(self, sweep: str, chunk_id: str, attempt: str) -> str:
         """Path (on ``fs``) of the manifest entry of one committed chunk attempt."""
@@ -397,10 +414,8 @@ class Store:
         paths = self.manifest_paths(sweep)
         if not paths:
             return [], []
-        blobs = self.fs.cat(paths, on_error="return")
         entries, bad = [], []
-        for path in paths:
-            blob = blobs.get(path)
+        for path, blob in zip(paths, self.read_files(paths), strict=True):
             if isinstance(blob, FileNotFoundError):
                 continue
             try:

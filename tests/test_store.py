@@ -15,11 +15,13 @@ from phasesweep.storage import (
     UnsafePathError,
     open_catalog,
     resolve_store_uri,
+    run_query,
     safe_output_path,
     schema,
 )
 from phasesweep.storage import _store as store_mod
 from phasesweep.storage import _writer as writer_mod
+from phasesweep.storage._claims import Claims
 from phasesweep.storage._writer import parquet_bytes, put_atomic
 
 
@@ -132,6 +134,25 @@ def test_done_run_ids_counts_only_committed(tmp_path, store_make_chunk):
     store.write_chunk("s", "c1", store_make_chunk(["r3"]))
     assert store.done_run_ids("s") == {"r1", "r2", "r3"}
     assert store.done_run_ids("other") == set()
+
+
+@pytest.mark.parametrize("folder", ["results[v2]", "a*b", "q?", "it's, ok"])
+def test_a_root_with_glob_characters_is_taken_literally(tmp_path, store_make_chunk, folder):
+    """Listings glob below the root: a root like ``results[v2]`` must not be read as a
+    pattern (it matched nothing, so every relaunch trained everything again)."""
+    (tmp_path / "results2").mkdir()  # what [v2] would match as a pattern: a decoy
+    store = Store.open(str(tmp_path / folder))
+    store.write_spec("s", "name: s\n")
+    store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
+    assert store.done_run_ids("s") == {"r1", "r2"}
+    assert store.sweeps() == ["s"]
+    assert len(store.manifest("s")) == 1 and len(store.files("runs", "s")) == 1
+    assert run_query(store, "SELECT count(*) FROM runs")[1] == [(2,)]
+    assert open_catalog(store).sql("SELECT count(*) FROM trajectories").fetchall() == [(6,)]
+    # claims read their files by name too: a live holder's points are seen as held
+    lease, busy = Claims(store, "s").acquire(["r3", "r4"])
+    assert not busy and Claims(store, "s").held(["r3", "r4", "r5"]) == {"r3", "r4"}
+    lease.release()
 
 
 def test_manifest_entries(tmp_path, store_make_chunk):
