@@ -323,3 +323,28 @@ def test_conditions_from_outside_cannot_write_over_the_tables(tmp_path, store_ma
     con = open_catalog(store)
     cond = in_runs("run_id = 'r1'")
     assert con.execute(f"SELECT run_id FROM runs WHERE {cond}", ["s"]).fetchall() == [("r1",)]
+
+
+def test_both_readers_of_the_locked_catalog_give_the_same_views(
+    tmp_path, store_make_chunk, monkeypatch
+):
+    """Tables of few files are read by DuckDB's Parquet reader, tables of many through
+    pyarrow.dataset (``READER_MAX_FILES``): every view has the same rows either way, and
+    a table's files are readable by SQL only when DuckDB reads them."""
+    from phasesweep.storage import _catalog
+
+    store = Store.open(str(tmp_path))
+    for c in range(3):
+        store.write_chunk("s", f"c{c}", store_make_chunk([f"r{c}a", f"r{c}b"], seed=c))
+    store.write_chunk("t", "c0", store_make_chunk(["r9"], seed=9))
+    views = ["runs", "trajectories", "layers", "manifest"]
+
+    def rows(con):
+        return {v: con.sql(f"SELECT * FROM {v} ORDER BY ALL").fetchall() for v in views}
+
+    by_duckdb = rows(open_catalog(store))
+    monkeypatch.setattr(_catalog, "READER_MAX_FILES", 2)  # runs/trajectories/layers: 4 files
+    con = open_catalog(store)
+    assert rows(con) == by_duckdb and len(by_duckdb["runs"]) == 7
+    with pytest.raises(duckdb.PermissionException):
+        con.sql(f"SELECT count(*) FROM read_parquet('{store.files('runs')[0]}')").fetchall()
