@@ -253,8 +253,9 @@ def connect(store: Store | str | Path | None = None) -> duckdb.DuckDBPyConnectio
     other file, reaches no network, loads no extension and cannot unlock itself;
     in-memory tables may still be created. DuckDB cannot make a file read-only, so do
     not pass it SQL you did not write: use :func:`table` or :func:`arrow_table`, which
-    take one read-only statement only. ``con.sql(...).df()`` gives a DataFrame. The views are a snapshot of the
-    files present now; close the connection (``con.close()``) when done.
+    take one read-only statement only. ``con.sql(...).df()`` gives a DataFrame. The
+    views are a snapshot of the files present now; close the connection
+    (``con.close()``) when done.
     """
     from phasesweep.storage import open_catalog
 

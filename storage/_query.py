@@ -39,8 +39,8 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
     Beyond the statement check, the query runs on a locked catalog connection
     (``open_catalog``'s default): it cannot reach any file but the store's tables,
     and the statement check keeps it from writing over those. The whole result is
-    materialised in memory: add a LIMIT for large outputs. A query that fails because a file went away meanwhile (a compaction)
-    runs again on new lists.
+    materialised in memory: add a LIMIT for large outputs. A query that fails because
+    a file went away meanwhile (a compaction) runs again on new lists.
     """
     statement = _read_only_statement(sql)
     store = as_store(store_or_uri)

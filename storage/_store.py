@@ -153,7 +153,7 @@ class Store:
         """
         if sweep is not None:
             check_sweep(sweep)
-        return sorted(self.fs.glob(self._pattern(table, sweep)))
+        return sorted(self._glob(self._pattern(table, sweep)))
 
     def readable_files(self, table: str, sweep: str | None = None) -> list[str]:
         """``files`` without the damaged ones, each of which is reported as a ``DamagedFileWarning``.
@@ -185,21 +185,22 @@ class Store:
         return sorted(bad, key=lambda d: d.path)
 
     def _pattern(self, table: str, sweep: str | None) -> str:
-        self.table_dir(table)  # checks the name
-        return self._under_root(f"{table}/sweep={sweep or '*'}/*.parquet")
+        return f"{self.table_dir(table)}/sweep={sweep or '*'}/*.parquet"
 
-    def _under_root(self, pattern: str) -> str:
-        """A glob pattern below the root that takes the root literally: a root such as
-        ``results[v2]`` would otherwise be read as a pattern and match nothing."""
-        return f"{glob.escape(self.root)}/{pattern}"
+    def _glob(self, pattern: str, detail: bool = False) -> list[str] | dict[str, dict]:
+        """``fs.glob`` of a pattern below the root (as the path helpers build them) that
+        takes the root literally: a root such as ``results[v2]`` would otherwise be read
+        as a pattern and match nothing."""
+        assert pattern.startswith(self.root + "/"), pattern
+        return self.fs.glob(glob.escape(self.root) + pattern[len(self.root) :], detail=detail)
 
     def _listing(self, table: str, sweep: str | None) -> dict[str, dict]:
         """``glob(detail=True)`` of the table's files, taken again if a file vanishes
         between the directory listing and its ``stat`` (compaction removes files)."""
         for _ in range(4):
             with contextlib.suppress(FileNotFoundError):
-                return self.fs.glob(self._pattern(table, sweep), detail=True)
-        return self.fs.glob(self._pattern(table, sweep), detail=True)
+                return self._glob(self._pattern(table, sweep), detail=True)
+        return self._glob(self._pattern(table, sweep), detail=True)
 
     def _check_parquet(self, listing: dict[str, dict]) -> tuple[list[str], list[Damage]]:
         """Split a ``glob(detail=True)`` listing into readable paths (sorted) and damage."""
@@ -255,8 +256,7 @@ class Store:
     def sweeps(self) -> list[str]:
         """Sorted names of the sweeps with a spec or at least one committed chunk."""
         names = {_sweep_of(p) for p in self.files("runs")}
-        specs = self.fs.glob(self._under_root("specs/*.yaml"))
-        names.update(posixpath.basename(p)[: -len(".yaml")] for p in specs)
+        names.update(posixpath.basename(p)[: -len(".yaml")] for p in self._glob(self._spec("*")))
         return sorted(names)
 
     def done_run_ids(self, sweep: str) -> set[str]:
@@ -403,7 +403,7 @@ class Store:
 
     def manifest_paths(self, sweep: str | None = None) -> list[str]:
         """Paths (on ``fs``) of the manifest entry files, of one sweep or of all, sorted."""
-        return sorted(self.fs.glob(self._under_root(f"manifest/sweep={sweep or '*'}/*.json")))
+        return sorted(self._glob(f"{self._manifest_dir(sweep or '*')}/*.json"))
 
     def manifest_path(self, sweep: str, chunk_id: str, attempt: str) -> str:
         """Path (on ``fs``) of the manifest entry of one committed chunk attempt."""
