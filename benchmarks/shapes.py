@@ -250,6 +250,19 @@ def computed_fraction(point: Point) -> float:
     return 1.0 - 2.0 * rows * dims[0] * dims[1] / flops_per_step(cfg)
 
 
+def computed_flops(result: dict[str, Any], point: Point) -> float:
+    """FLOPs a :func:`benchmarks.training.phasesweep_inprocess` result computed: the model
+    FLOPs less the first layer's input gradient (:func:`computed_fraction`), or the
+    factored step's own count for bias-free linear nets (``LinearStep``)."""
+    if result["engine"] == "LinearStep":
+        return result["flops"]
+    return result["flops"] * computed_fraction(point)
+
+
+def _block(result: dict[str, Any]) -> int | str:
+    return "factored" if result["engine"] == "LinearStep" else result["block"]
+
+
 def _split(points: Sequence[Point], parts: int) -> list[list[Point]]:
     bounds = np.linspace(0, len(points), parts + 1).round().astype(int)
     return [list(points[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
@@ -263,15 +276,17 @@ def measure(shape: Shape, pool: ProcessPoolExecutor, workers: int) -> dict[str, 
     parts = list(pool.map(_phasesweep_task, _split(points, workers)))
     ps_wall = time.perf_counter() - t
     train_s = sum(p["train_s"] for p in parts)
-    flops = sum(p["flops"] for p in parts) * computed_fraction(points[0])
+    flops = sum(computed_flops(p, points[0]) for p in parts)
     final = {k: v for p in parts for k, v in p["final_loss"].items()}
     row: dict[str, Any] = {
         "shape": shape.name,
         **asdict(shape),
         "phasesweep_wall_s": ps_wall,
         "phasesweep_train_s": train_s,
-        "block": [p["block"] for p in parts],
+        "block": [_block(p) for p in parts],
         "flop_rate": flops / train_s,
+        # backpropagation's FLOPs of the grid: what the point-by-point loops compute
+        "model_flops": sum(p["model_flops"] for p in parts) * computed_fraction(points[0]),
         "final_loss": final,  # for the device pass; not written out
     }
     sub = training.subset(points, min(shape.baseline_points, len(points)))
@@ -304,13 +319,13 @@ def device_pass(shapes: Sequence[Shape], device: str, peak_seconds: float = 3.0)
         _log(f"{device}: shape {shape.name}")
         points = expand(shape.spec())
         r = training.phasesweep_inprocess(points, device=device)
-        computed = r["flops"] * computed_fraction(points[0])
+        computed = computed_flops(r, points[0])
         rows.append(
             {
                 "shape": shape.name,
                 "member_steps_per_s": len(points) * shape.steps / r["train_s"],
                 "peak_fraction": computed / r["train_s"] / peak,
-                "block": r["block"],
+                "block": _block(r),
                 "wall_s": r["wall_s"],
                 "final_loss": r["final_loss"],
             }
@@ -330,8 +345,7 @@ PEAK_TARGET, NUMPY_SLOW, NUMPY_TARGET = 0.5, 0.4, 2.0
 def targets(row: dict[str, Any], peak: float, workers: int) -> dict[str, Any]:
     """A measured shape's fractions of ``peak`` (phasesweep's step loop; the numpy loop's
     wall time, its setup included, over ``workers`` processes) and which targets it meets."""
-    flops = row["flop_rate"] * row["phasesweep_train_s"]  # computed FLOPs of the whole grid
-    numpy_fraction = flops / (row["numpy_wall_s"] * workers) / peak
+    numpy_fraction = row["model_flops"] / (row["numpy_wall_s"] * workers) / peak
     fraction = row["flop_rate"] / peak
     big = min(row["n"], row["d"], row["width"]) >= 64
     need = NUMPY_TARGET if numpy_fraction < NUMPY_SLOW else 1.0
@@ -370,7 +384,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"- float64 matmul peak of one thread: {report['peak_flops'] / 1e9:.1f} GFLOP/s "
         "(best at the start and the end); FLOP rate = FLOPs computed (6 · n · weights per "
         "member-step less the first layer's input gradient, which no step computes) over "
-        "phasesweep's training time (the step loop), per core",
+        "phasesweep's training time (the step loop), per core; bias-free linear nets train "
+        "in factored form (block 'factored', pipeline._linear_step: FLOPs are that step's "
+        "own, ~n/k times fewer; 'numpy of peak' counts the loop's backpropagation FLOPs)",
         "- speedups: wall time of the grid point by point (numpy GD loop, plain torch "
         "nn.Module + SGD; a subset, extrapolated per point) over phasesweep's (one chunk "
         "per process, data and init included); Δloss: largest relative difference of the "

@@ -135,7 +135,7 @@ def best_of(repeats: int, fn, *args, key: str = "train_s", **kwargs) -> dict[str
 
 def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[str, Any]:
     """Train ``points`` as one chunk in this process; wall time includes data and init."""
-    from phasesweep.pipeline._models import EnsembleStep
+    from phasesweep.pipeline._linear_step import LinearStep, factored_flops
     from phasesweep.pipeline._trainer import ChunkTrainer
 
     started = time.perf_counter()
@@ -143,7 +143,13 @@ def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[s
     tables = trainer.run()
     wall = time.perf_counter() - started
     cfg = points[0].config
-    flops = flops_per_step(cfg) * cfg.train.steps * len(points)
+    step = trainer.make_step()
+    model_flops = flops_per_step(cfg) * cfg.train.steps * len(points)
+    flops = model_flops
+    if isinstance(step, LinearStep):  # the factored step computes far fewer
+        t = cfg.train
+        rows = t.batch_size if t.optimizer == "sgd" else cfg.data.n_train
+        flops = factored_flops(trainer.net.dims, rows) * t.steps * len(points)
     runs = tables["runs"]
     return {
         "wall_s": wall,
@@ -151,9 +157,12 @@ def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[s
         "setup_s": wall - sum(trainer.timing.values()),
         "points": len(points),
         "steps": cfg.train.steps,
+        # FLOPs the steps computed, and those of backpropagation (what a plain loop computes)
         "flops": flops,
+        "model_flops": model_flops,
+        "engine": type(step).__name__,
         "train_flop_rate": flops / trainer.timing["train_s"],
-        "block": EnsembleStep(trainer.net, trainer.E).block_size(trainer.batch.x_train),
+        "block": step.block_size(trainer.batch.x_train),
         "trajectory_rows": tables["trajectories"].num_rows,
         "final_loss": dict(
             zip(

@@ -1,7 +1,8 @@
 """The vectorized ensemble trainer: one chunk of grid points trains as one ensemble.
 
 Per step, for all members at once: forward and hand-written backward
-(:class:`pipeline._models.EnsembleStep`), loss-crossing events, divergence
+(:class:`pipeline._models.EnsembleStep`; bias-free linear nets in factored form,
+:class:`pipeline._linear_step.LinearStep`), loss-crossing events, divergence
 masks, and the update ``θ ← θ − η_k ∇L`` with a per-member ``η_k``. Nothing in
 the step synchronises with the host or loops over members; the host is
 consulted only at logged steps, where metrics are recorded.
@@ -32,6 +33,7 @@ import torch
 from phasesweep.pipeline._datasets import DataBatch, data_seed, make_dataset, stack
 from phasesweep.pipeline._grid import Chunk, member_lr
 from phasesweep.pipeline._init import init_params
+from phasesweep.pipeline._linear_step import LinearStep, linear_step_applies
 from phasesweep.pipeline._metrics import MetricRecorder, probe_count
 from phasesweep.pipeline._models import (
     EnsembleMLP,
@@ -167,6 +169,16 @@ class ChunkTrainer:
             norm = norm / math.sqrt(depth)
         return torch.minimum(self.lr, t.lr_c * norm.pow(2 - depth))
 
+    def make_step(self) -> EnsembleStep | LinearStep:
+        """The step engine of this chunk: :class:`~pipeline._linear_step.LinearStep` for
+        bias-free linear nets where it needs fewer flops, else
+        :class:`~pipeline._models.EnsembleStep`."""
+        t = self.base.train
+        rows = t.batch_size if t.optimizer == "sgd" else self.batch.x_train.shape[1]
+        if linear_step_applies(self.net, self.base.model.bias, rows):
+            return LinearStep(self.net, self.E)
+        return EnsembleStep(self.net, self.E)
+
     # -- minibatches ---------------------------------------------------------------------
     def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
         """Member-wise minibatch of step k (without replacement within an epoch; groups kept).
@@ -220,7 +232,7 @@ class ChunkTrainer:
         loss0 = prev_loss = prev_time = None
         log = _Log()
 
-        stepper = EnsembleStep(self.net, E)
+        stepper = self.make_step()
         self._stepper = stepper
         grads = None
         train_s = metrics_s = earlier_s = 0.0
