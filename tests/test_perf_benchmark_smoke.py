@@ -171,6 +171,7 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
     toy = [
         shapes.Shape(24, 40, 8, 2, "relu", True, 4, 5, 2),
         shapes.Shape(16, 5, 8, 3, "tanh", False, 3, 5, 3),
+        shapes.Shape(20, 6, 8, 3, "linear", False, 3, 5, 3),  # the factored step
     ]
     # the device pass on CPU tensors: the code a GPU runs, checked against the CPU grids
     rep = shapes.run("toy", toy, workers=2, peak_seconds=0.02, out_dir=tmp_path, device="cpu")
@@ -189,6 +190,11 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
             assert math.isfinite(r[key]) and r[key] > 0, key
         assert math.isclose(r["peak_fraction"], r["flop_rate"] / data["peak_flops"])
         assert len(r["block"]) == 2 and r["shape"] in md
+        factored = r["activation"] == "linear"
+        assert (r["block"] == ["factored"] * 2) == factored
+        # its FLOPs are its own, fewer than the backpropagation the loops compute
+        flops = r["flop_rate"] * r["phasesweep_train_s"]
+        assert (flops < r["model_flops"]) if factored else math.isclose(flops, r["model_flops"])
     assert "of peak" in md and data["blas"]["numpy"] in md
     assert all(r["met"] and r["met"] in md for r in data["shapes"])
     assert all("final_loss" not in r for r in data["shapes"])
@@ -197,7 +203,8 @@ def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
     for g in dev["shapes"]:
         assert g["max_rel_diff_vs_cpu"] < 1e-10  # same float64 training on one device
         assert g["member_steps_per_s"] > 0 and g["peak_fraction"] > 0
-        assert g["block"] >= 1 and g["shape"] in md.split("## On cpu", 1)[1]
+        assert g["block"] == "factored" or g["block"] >= 1
+        assert g["shape"] in md.split("## On cpu", 1)[1]
 
 
 def test_shape_targets_follow_the_issue():
@@ -206,12 +213,21 @@ def test_shape_targets_follow_the_issue():
     from benchmarks import shapes
 
     row = {"n": 128, "d": 64, "width": 64, "flop_rate": 40.0, "phasesweep_train_s": 2.0}
+    row |= {"model_flops": 80.0, "block": [6, 6]}
     # numpy: 80 FLOP in 2 s of 2 workers = 20 FLOP/s a core, 20 % of a peak of 100
     got = shapes.targets({**row, "numpy_wall_s": 2.0, "speedup_vs_numpy": 1.9}, 100.0, 2)
     assert math.isclose(got["numpy_peak_fraction"], 0.2) and math.isclose(got["peak_fraction"], 0.4)
     assert got["met"] == "peak ≥ 50%: **no**; × numpy ≥ 2: **no**"
     fast_numpy = {**row, "d": 10, "numpy_wall_s": 0.5, "speedup_vs_numpy": 1.0}
     assert shapes.targets(fast_numpy, 100.0, 2)["met"] == "× numpy ≥ 1: yes"
+    # the factored linear step: 4 FLOP of its own where the loop backpropagates 80; numpy's
+    # fraction counts the 80, and the peak target does not apply (no 64³ GEMM is computed)
+    factored = {**row, "flop_rate": 2.0, "block": ["factored"] * 2}
+    got = shapes.targets({**factored, "numpy_wall_s": 2.0, "speedup_vs_numpy": 20.0}, 100.0, 2)
+    assert math.isclose(got["numpy_peak_fraction"], 0.2) and math.isclose(
+        got["peak_fraction"], 0.02
+    )
+    assert got["met"] == "× numpy ≥ 2: yes"
 
 
 @pytest.mark.timeout(900)
