@@ -619,7 +619,9 @@ class MetricsConfig(Section):
         0.1,
         description=(
             "most work of the singular values and the NTK eigenvalues as a fraction of the "
-            "training's (both estimated from the shapes): above it they are computed at a "
+            "training's (both estimated from the shapes; the training's as backpropagation's, "
+            "also for linear nets, whose factored step is far cheaper, so that their spectra "
+            "are kept at as many steps): above it they are computed at a "
             "log-spaced subset of the logged steps (the first and last always) and are NULL at the "
             "others; None: every logged step."
         ),
