@@ -100,9 +100,9 @@ class Shape:
 
 
 S = Shape
-#: About 5-10 minutes on the project's 2-core machine (estimated from the shapes' FLOPs,
-#: not measured): members and steps shrink with the shape so that each takes phasesweep
-#: about 10 s (a TFLOP at ~50 GFLOP/s a core), the baselines on their subsets as long.
+#: 2.5 minutes on the project's 2-core machine (measured): members and steps shrink with
+#: the shape so that each takes phasesweep up to about 10 s (a TFLOP at ~50 GFLOP/s a core;
+#: far less for the factored linear nets), the baselines on their subsets as long.
 FULL = [
     S(64, 10, 16, 2, "relu", True, 256, 1600, 64),
     S(128, 10, 64, 3, "relu", False, 256, 800, 32),
