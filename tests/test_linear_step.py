@@ -81,6 +81,17 @@ def test_factored_step_equals_backpropagation(depth, parameterization, k, shared
         _close(p1 - p0, -update)
 
 
+def test_factored_step_in_float32():
+    net, params, x, y = _problem(3, "ntk", 2, True)
+    params32 = Params([w.float() for w in params.weights], None)
+    loss0, grads0, _ = loss_and_grads(net, params, x, y)  # float64 reference
+    loss1, grads1 = LinearStep(net, E).loss_and_grads(params32, x.float(), y.float())
+    assert loss1.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads1.weights)
+    _close(loss1.double().unsqueeze(1), loss0.unsqueeze(1), rtol=1e-5)
+    for g1, g0 in zip(grads1.weights, grads0.weights):
+        _close(g1.double(), g0, rtol=1e-5)
+
+
 def test_factored_gradients_equal_autograd():
     """Independent of the hand-written backward: torch.autograd on each member's loss."""
     net, params, x, y = _problem(4, "mean_field", 2, False)
