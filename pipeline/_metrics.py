@@ -88,6 +88,7 @@ from phasesweep.pipeline._ntk import (
     kernel_alignment,
     kernel_distance,
     kernel_rel_change,
+    layer_inner,
     sensitivities,
 )
 from phasesweep.pipeline._spectra import (
@@ -219,7 +220,14 @@ class MetricRecorder:
 
         fwd0 = net.forward(self.params0, self.probe_x)
         self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
-        self.k0 = empirical_ntk(net, self.params0, self.probe_x, fwd=fwd0) if cfg.ntk else None
+        # the NTK's first-layer inner product of the probe inputs: fixed, so computed once
+        self.input_gram = None
+        self.k0 = None
+        if cfg.ntk:
+            self.input_gram = layer_inner(net, self.probe_x, 0, params0.biases is not None)
+            self.k0 = empirical_ntk(
+                net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
+            )
         self.flow: KernelFlow | None = None
         n, k_out = batch.x_train.shape[1], batch.y_train.shape[2]
         if cfg.ntk and cfg.linearized and k_out == 1 and n <= LINEARIZED_MAX_TRAIN:
@@ -317,7 +325,7 @@ class MetricRecorder:
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
         if self.k0 is not None:
-            k = empirical_ntk(net, params, self.probe_x, fwd=fwd)
+            k = empirical_ntk(net, params, self.probe_x, fwd=fwd, input_gram=self.input_gram)
             out["kernel_distance"] = kernel_distance(k, self.k0)
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)

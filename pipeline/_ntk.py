@@ -55,18 +55,33 @@ def sensitivities(net: EnsembleMLP, params: Params, fwd: Forward) -> Iterator[li
         yield out[::-1]
 
 
+def layer_inner(net: EnsembleMLP, h: Tensor, layer: int, bias: bool) -> Tensor:
+    """c_l² H Hᵀ (+ 1 1ᵀ with biases): the inner product of layer ``layer``'s inputs
+    (0-based) that the NTK's layer term multiplies, from its inputs h (E, P, n_{l−1}):
+    (E, P, P). For the first layer h is the data, so this term never changes in
+    training: :class:`pipeline._metrics.MetricRecorder` computes it once
+    (``input_gram`` of :func:`empirical_ntk`), which saves a P × P × d gram per logged
+    step (the largest of them for d = 784)."""
+    c2 = net.multipliers[layer] ** 2
+    if bias:  # the bias adds 1 to the inner product of inputs
+        return torch.baddbmm(h.new_ones(()).expand(1, 1, 1), h, h.transpose(1, 2), alpha=c2)
+    return _gram(h).mul_(c2)
+
+
 def empirical_ntk(
     net: EnsembleMLP,
     params: Params,
     x: Tensor,
     per_layer: bool = False,
     fwd: Forward | None = None,
+    input_gram: Tensor | None = None,
 ) -> Tensor:
     """The empirical (trace) NTK of every member on inputs x (E, P, d).
 
     Returns (E, P, P), or (E, L, P, P) with ``per_layer`` (layer l's weights and
     bias together; the sum over layers is the full kernel). ``fwd``: a cached
-    forward pass of ``params`` on ``x``.
+    forward pass of ``params`` on ``x``; ``input_gram``: the first layer's
+    :func:`layer_inner` of x, cached (read, never written).
 
     The top layer's D_L is k·11ᵀ (every δ^o_L is e_o), so its term is k times the
     inner gram and costs no gram of sensitivities; the terms are accumulated in place.
@@ -82,18 +97,20 @@ def empirical_ntk(
                 d_sum[l].baddbmm_(delta, delta.transpose(1, 2))
     terms: list[Tensor] = []
     kernel: Tensor | None = None
+    bias = params.biases is not None
     for l in range(L):
-        c2 = net.multipliers[l] ** 2
-        h = fwd.post[l]
-        if params.biases is not None:  # the bias adds 1 to the inner product of inputs
-            inner = torch.baddbmm(h.new_ones(()).expand(1, 1, 1), h, h.transpose(1, 2), alpha=c2)
-        else:
-            inner = _gram(h).mul_(c2)
         d = d_sum[l] if l < L - 1 else None
-        if per_layer:
-            terms.append(inner.mul_(k) if d is None else inner.mul_(d))
-        elif kernel is None:
-            kernel = inner.mul_(k) if d is None else inner.mul_(d)
+        cached = l == 0 and input_gram is not None
+        inner = input_gram if cached else layer_inner(net, fwd.post[l], l, bias)
+        if per_layer or kernel is None:
+            if cached:  # read only: the product goes to a new tensor
+                term = inner * (k if d is None else d)
+            else:
+                term = inner.mul_(k) if d is None else inner.mul_(d)
+            if per_layer:
+                terms.append(term)
+            else:
+                kernel = term
         elif d is None:
             kernel.add_(inner, alpha=k)
         else:

@@ -18,7 +18,7 @@ from phasesweep.pipeline._grid import Chunk, expand, make_chunks
 from phasesweep.pipeline._init import init_params
 from phasesweep.pipeline._metrics import MetricRecorder
 from phasesweep.pipeline._models import EnsembleMLP, Params
-from phasesweep.pipeline._ntk import empirical_ntk
+from phasesweep.pipeline._ntk import empirical_ntk, layer_inner
 from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
@@ -138,6 +138,14 @@ def test_ntk_equals_autograd_jacobian_gram(parameterization, activation, bias):
         per_layer = empirical_ntk(net, params, x, per_layer=True)
         assert K.shape == (E, n, n) and per_layer.shape == (E, 3, n, n)
         torch.testing.assert_close(per_layer.sum(1), K, rtol=1e-12, atol=1e-12)
+        # the first layer's inner product cached (as the recorder does): read, never written
+        gram = layer_inner(net, x, 0, bias)
+        kept = gram.clone()
+        cached = empirical_ntk(net, params, x, input_gram=gram)
+        cached_layers = empirical_ntk(net, params, x, per_layer=True, input_gram=gram)
+        torch.testing.assert_close(cached, K, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(cached_layers, per_layer, rtol=1e-12, atol=1e-12)
+        assert torch.equal(gram, kept)
         mults = ref_multipliers(parameterization, dims)
         for e in range(E):
             ws, bs = member(params, e)
