@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline._grid import Chunk, Point, expand, flops_per_step, make_chunks
+from phasesweep.pipeline._grid import (
+    Chunk,
+    Point,
+    expand,
+    flops_per_step,
+    make_chunks,
+    step_rows,
+)
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 # -- the grid -----------------------------------------------------------------------------
@@ -147,9 +154,7 @@ def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[s
     model_flops = flops_per_step(cfg) * cfg.train.steps * len(points)
     flops = model_flops
     if isinstance(step, LinearStep):  # the factored step computes far fewer
-        t = cfg.train
-        rows = t.batch_size if t.optimizer == "sgd" else cfg.data.n_train
-        flops = factored_flops(trainer.net.dims, rows) * t.steps * len(points)
+        flops = factored_flops(trainer.net.dims, step_rows(cfg)) * cfg.train.steps * len(points)
     runs = tables["runs"]
     return {
         "wall_s": wall,

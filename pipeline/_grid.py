@@ -474,11 +474,17 @@ def member_bytes(config: RunConfig) -> int:
     return itemsize * (4 * n_params + activations + data)
 
 
+def step_rows(config: RunConfig) -> int:
+    """Samples one training step sees: the minibatch for SGD, the training set for GD."""
+    t = config.train
+    return t.batch_size if t.optimizer == "sgd" else config.data.n_train
+
+
 def flops_per_step(config: RunConfig) -> float:
     """Training FLOPs of one member per step (see :func:`step_flops`)."""
-    m, d, t = config.model, config.data, config.train
+    m, d = config.model, config.data
     dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
-    return step_flops(dims, t.batch_size if t.optimizer == "sgd" else d.n_train)
+    return step_flops(dims, step_rows(config))
 
 
 def step_flops(dims: Sequence[int], rows: int) -> float:

@@ -79,7 +79,7 @@ from collections.abc import Sequence
 
 import torch
 from phasesweep.pipeline._datasets import DataBatch
-from phasesweep.pipeline._grid import step_flops
+from phasesweep.pipeline._grid import step_flops, step_rows
 from phasesweep.pipeline._models import EnsembleMLP, Forward, Params, member_sq_norm
 from phasesweep.pipeline._ntk import (
     KernelFlow,
@@ -263,8 +263,7 @@ class MetricRecorder:
     ) -> MetricRecorder:
         """The recorder of a chunk whose members share ``config``'s shapes."""
         t = config.train
-        rows = t.batch_size if t.optimizer == "sgd" else batch.x_train.shape[1]
-        per_step = step_flops(net.dims, rows)
+        per_step = step_flops(net.dims, step_rows(config))
         return cls(
             net,
             params0,

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from phasesweep.pipeline._datasets import DataBatch, data_seed, make_dataset, stack
-from phasesweep.pipeline._grid import Chunk, member_lr
+from phasesweep.pipeline._grid import Chunk, member_lr, step_rows
 from phasesweep.pipeline._init import init_params
 from phasesweep.pipeline._linear_step import LinearStep, linear_step_applies
 from phasesweep.pipeline._metrics import MetricRecorder, probe_count
@@ -173,9 +173,7 @@ class ChunkTrainer:
         """The step engine of this chunk: :class:`~pipeline._linear_step.LinearStep` for
         bias-free linear nets where it needs fewer flops, else
         :class:`~pipeline._models.EnsembleStep`."""
-        t = self.base.train
-        rows = t.batch_size if t.optimizer == "sgd" else self.batch.x_train.shape[1]
-        if linear_step_applies(self.net, self.base.model.bias, rows):
+        if linear_step_applies(self.net, self.base.model.bias, step_rows(self.base)):
             return LinearStep(self.net, self.E)
         return EnsembleStep(self.net, self.E)
 
