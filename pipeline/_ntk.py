@@ -99,18 +99,15 @@ def empirical_ntk(
     kernel: Tensor | None = None
     bias = params.biases is not None
     for l in range(L):
+        if l == 0 and input_gram is not None:  # a copy: the terms are built in place
+            inner = input_gram.clone()
+        else:
+            inner = layer_inner(net, fwd.post[l], l, bias)
         d = d_sum[l] if l < L - 1 else None
-        cached = l == 0 and input_gram is not None
-        inner = input_gram if cached else layer_inner(net, fwd.post[l], l, bias)
-        if per_layer or kernel is None:
-            if cached:  # read only: the product goes to a new tensor
-                term = inner * (k if d is None else d)
-            else:
-                term = inner.mul_(k) if d is None else inner.mul_(d)
-            if per_layer:
-                terms.append(term)
-            else:
-                kernel = term
+        if per_layer:
+            terms.append(inner.mul_(k) if d is None else inner.mul_(d))
+        elif kernel is None:
+            kernel = inner.mul_(k) if d is None else inner.mul_(d)
         elif d is None:
             kernel.add_(inner, alpha=k)
         else:
