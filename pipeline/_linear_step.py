@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from phasesweep.pipeline._grid import step_flops
 from phasesweep.pipeline._models import EnsembleMLP, Params, member_sq_norm, shares_input
 from torch import Tensor
 
@@ -46,8 +47,7 @@ def linear_step_applies(net: EnsembleMLP, biased: bool, n_rows: int) -> bool:
     (identity activation, or depth 1)."""
     if biased or not (net.act.identity or net.depth == 1):
         return False
-    weights = sum(a * b for a, b in zip(net.dims[:-1], net.dims[1:]))
-    return factored_flops(net.dims, n_rows) < 6.0 * n_rows * weights
+    return factored_flops(net.dims, n_rows) < step_flops(net.dims, n_rows)
 
 
 class LinearStep:
