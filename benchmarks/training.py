@@ -385,7 +385,7 @@ def ray_tune_baseline(points: Sequence[Point], name: str = "baseline") -> dict[s
 
 def ray_init() -> float:
     """Start the local Ray instance the way ``phasesweep run`` does; returns seconds."""
-    from phasesweep.pipeline._driver import connect
+    from phasesweep.pipeline._ray import connect
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = time.perf_counter()

@@ -645,11 +645,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> None:
     """The ``phasesweep`` command: :func:`main`, then Ray left at once if the command
-    used it (:func:`pipeline._driver.disconnect`), rather than in Ray's exit hook, which
+    used it (:func:`pipeline._ray.disconnect`), rather than in Ray's exit hook, which
     costs each launch half a second more."""
     code = main()
     if "ray" in sys.modules:  # only commands that launched imported it
-        from phasesweep.pipeline._driver import disconnect
+        from phasesweep.pipeline._ray import disconnect
 
         disconnect()
     sys.exit(code)

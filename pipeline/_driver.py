@@ -7,7 +7,7 @@ directory lives in a folder private to the launch (:func:`launch_folder`) that
 the launch removes at its end, or the next launch after a kill.
 
 Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
-cluster (:func:`connect`); an unreachable address fails within seconds.
+cluster (:func:`pipeline._ray.connect`); an unreachable address fails within seconds.
 
 Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage._claims`:
 exclusive create, leases renewed while it trains, taken over when the holder
@@ -44,7 +44,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -56,13 +55,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from phasesweep.pipeline import _standing as standing
 from phasesweep.pipeline._grid import Chunk, Point
+from phasesweep.pipeline._progress import Progress
+from phasesweep.pipeline._ray import connect
 from phasesweep.pipeline._runs import runs_table
-from phasesweep.pipeline.spec import RunConfig, SpecError
+from phasesweep.pipeline.spec import RunConfig
 from phasesweep.storage import Store
 from phasesweep.storage._claims import Claims, Renewer
-from tqdm.auto import tqdm
 
 #: Environment variable naming run ids whose training raises (comma-separated, or
 #: ``*`` for all): a fault injector for testing retries and the ``failed`` status.
@@ -326,103 +325,6 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
     return runs_table(points, chunk_id, None, outcome)
 
 
-def cluster_address(address: str | None) -> str | None:
-    """The cluster a launch joins: ``address``, else ``$RAY_ADDRESS``, else None (embedded);
-    ``local`` names the embedded instance even where ``$RAY_ADDRESS`` is set, ``standing``
-    this user's standing local Ray (:mod:`pipeline._standing`), started if none runs."""
-    if address == "local":
-        return None
-    if address == STANDING:
-        return standing.ensure()
-    return address or os.environ.get("RAY_ADDRESS") or None
-
-
-def _on_loopback(address: str | None) -> bool:
-    """The embedded instance, or a cluster whose head is on this machine's loopback."""
-    return not address or address.split("://")[-1].rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-
-
-#: ``--address`` value that names this user's standing local Ray.
-STANDING = "standing"
-
-#: Seconds to wait for a TCP connection to a named cluster's head before giving up.
-CONNECT_TIMEOUT = 10.0
-
-
-def _check_reachable(address: str) -> None:
-    """A ``host:port`` or ``ray://host:port`` address must accept a TCP connection within
-    :data:`CONNECT_TIMEOUT` (Ray itself retries for minutes); ``auto`` is left to Ray."""
-    if address == "auto":
-        return
-    host, sep, port = address.split("://")[-1].rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SpecError(
-            "--address", address, "expected auto, HOST:PORT or ray://HOST:PORT", "argument"
-        )
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
-    except OSError as e:
-        raise SpecError(
-            "--address", address, f"cannot reach the cluster: {e}", "argument"
-        ) from None
-
-
-def connect(address: str | None) -> None:
-    """Start or join Ray for a launch (idempotent within a process).
-
-    With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
-    launch (``address="local"``: Ray never looks for a cluster someone else started on
-    the machine), its trials at the priority of other processes
-    (:data:`pipeline._standing.LOCAL_DEFAULTS`). ``standing``: this user's standing local
-    Ray, started on demand and left running (:mod:`pipeline._standing`). Otherwise join
-    that cluster; an unreachable or malformed address is a :class:`SpecError` naming
-    ``--address`` (exit 2), raised within seconds.
-    """
-    target = cluster_address(address)
-    if address == STANDING:
-        os.environ.update(standing.ENV)
-        standing.hold()
-    elif not target:
-        for name, value in standing.LOCAL_DEFAULTS.items():
-            os.environ.setdefault(name, value)
-    if _on_loopback(target):
-        # Ray resolves a loopback head address to the machine's outward IP unless
-        # this is off (read when ray is first imported); keep everything on loopback.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    if ray.is_initialized():
-        return
-    if target:
-        _check_reachable(target)
-    kwargs: dict[str, Any] = dict(
-        include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR"
-    )
-    if _on_loopback(target):
-        kwargs["_node_ip_address"] = "127.0.0.1"
-    try:
-        ray.init(address=target or "local", **kwargs)
-    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
-        if not target:
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecError(
-            "--address", target, f"cannot join the cluster: {first}", "argument"
-        ) from None
-
-
-def disconnect() -> None:
-    """Leave Ray now if this process started or joined it: a private local Ray stops, a
-    standing Ray or a named cluster goes on. For a process about to exit (the
-    ``phasesweep`` command): Ray's own exit hook would do the same, but first sleeps
-    0.5 s so that worker logs reach the console, which a launch never shows
-    (``log_to_driver=False`` in :func:`connect`)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 @contextlib.contextmanager
 def launch_folder() -> Iterator[str]:
     """A local folder private to this launch (Tune's experiment directory goes here).
@@ -493,7 +395,7 @@ def run_chunks(
     launch_id = uuid.uuid4().hex[:12]
     stop = stop_path(store, sweep, launch_id)
     claims = Claims(store, sweep)
-    bar = _Progress(sweep, chunks, done=skipped, total=total, enabled=progress)
+    bar = Progress(sweep, chunks, done=skipped, total=total, enabled=progress)
 
     def on_sigint(signum, frame) -> None:  # noqa: ANN001
         if outcome.interrupted:
@@ -553,7 +455,7 @@ def _fit(
     chunks: Sequence[Chunk],
     indices: list[int],
     folder: str,
-    bar: _Progress,
+    bar: Progress,
     outcome: SweepOutcome,
     *,
     launch_id: str,
@@ -627,7 +529,7 @@ def _wait_for_others(
     chunks: Sequence[Chunk],
     indices: list[int],
     claims: Claims,
-    bar: _Progress,
+    bar: Progress,
     outcome: SweepOutcome,
 ) -> list[int]:
     """Wait until no point of these chunks is both unstored and claimed by a live lease;
@@ -643,80 +545,6 @@ def _wait_for_others(
         time.sleep(WAIT_POLL)
     bar.note("")
     return indices
-
-
-class _Progress:
-    """The progress bar: member-steps trained (rate and ETA from those), points done.
-
-    Trials report the member-steps of their chunk every :data:`PROGRESS_EVERY` seconds,
-    so the bar moves during a chunk, not only at its end.
-    """
-
-    def __init__(
-        self, sweep: str, chunks: Sequence[Chunk], done: int, total: int, enabled: bool
-    ) -> None:
-        self.point_steps = [c.points[0].config.train.steps for c in chunks]
-        self.live: dict[int, int] = {}  # chunk -> member-steps of its running trial
-        self.credited = [0] * len(chunks)  # chunk -> its points known to be done
-        self.other = 0  # points done otherwise (failed after retries)
-        self.skipped, self.total, self.sweep = done, total, sweep
-        self.bar = tqdm(
-            total=sum(len(c.points) * s for c, s in zip(chunks, self.point_steps)),
-            unit=" member-steps",
-            unit_scale=True,
-            disable=not enabled,
-            smoothing=0.1,
-            mininterval=0.5,
-            bar_format="{desc} {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
-            "[{elapsed}<{remaining}, {rate_fmt}]",
-        )
-        self.note("")
-
-    def _show(self) -> None:
-        n = sum(c * s for c, s in zip(self.credited, self.point_steps)) + sum(self.live.values())
-        self.bar.update(n - self.bar.n)
-
-    def running(self, chunk: int, member_steps: int) -> None:
-        """A trial's progress report: member-steps of ``chunk`` trained so far."""
-        self.live[chunk] = member_steps
-        self._show()
-
-    def finished(self, chunk: int, done: int) -> None:
-        """A trial ended with ``done`` points of ``chunk`` stored (by it or others)."""
-        self.live.pop(chunk, None)
-        self.credited[chunk] = max(self.credited[chunk], done)
-        self.note("")
-
-    def points(self, n: int) -> None:
-        """``n`` points ended otherwise (failed after retries)."""
-        self.other += n
-        self.note("")
-
-    def note(self, text: str) -> None:
-        """Show points done (and ``text``) beside the bar."""
-        done = self.skipped + sum(self.credited) + self.other
-        self.bar.set_description_str(
-            f"{self.sweep}: {done}/{self.total} points" + (f" ({text})" if text else ""),
-            refresh=False,
-        )
-        self._show()
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def trial_slots(address: str | None, cpus_per_trial: float) -> int:
-    """How many trials of ``cpus_per_trial`` CPUs run at once: on the cluster at
-    ``address`` or ``$RAY_ADDRESS`` (connecting to it), else on this machine."""
-    if cluster_address(address):
-        connect(address)  # first: it sets what Ray reads when first imported
-        import ray
-
-        cpus = ray.cluster_resources().get("CPU", 1)
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, int(cpus // cpus_per_trial))
 
 
 def _describe(error: BaseException) -> str:

@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline._driver import (
-    SweepOutcome,
-    connect,
-    flops_estimate,
-    run_chunks,
-    trial_slots,
-)
+from phasesweep.pipeline._driver import SweepOutcome, flops_estimate, run_chunks
 from phasesweep.pipeline._grid import (
     Chunk,
     Point,
@@ -35,6 +29,7 @@ from phasesweep.pipeline._grid import (
     make_chunks,
     member_bytes,
 )
+from phasesweep.pipeline._ray import connect, trial_slots
 from phasesweep.pipeline.spec import (
     SpecError,
     SweepSpec,

@@ -149,7 +149,7 @@ def test_a_bad_idle_time_exits_2_and_writes_nothing(
 #: A driver that connects as a launch does (ray imported after connect set its environment)
 #: and prints the niceness its Ray worker runs at.
 _NICENESS_PROBE = (
-    "import os, sys; from phasesweep.pipeline._driver import connect; "
+    "import os, sys; from phasesweep.pipeline._ray import connect; "
     "connect(sys.argv[1] or None); import ray; "
     "print(ray.get(ray.remote(lambda: os.nice(0)).remote()))"
 )
