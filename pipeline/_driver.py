@@ -395,7 +395,8 @@ def run_chunks(
     launch_id = uuid.uuid4().hex[:12]
     stop = stop_path(store, sweep, launch_id)
     claims = Claims(store, sweep)
-    bar = Progress(sweep, chunks, done=skipped, total=total, enabled=progress)
+    sizes = [(len(c.points), c.points[0].config.train.steps) for c in chunks]
+    bar = Progress(sweep, sizes, done=skipped, total=total, enabled=progress)
 
     def on_sigint(signum, frame) -> None:  # noqa: ANN001
         if outcome.interrupted:

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from phasesweep.pipeline._grid import Chunk
 from tqdm.auto import tqdm
 
 
 class Progress:
     """The progress bar: member-steps trained (rate and ETA from those), points done.
 
-    Trials report the member-steps of their chunk every :data:`PROGRESS_EVERY` seconds,
-    so the bar moves during a chunk, not only at its end.
+    Trials report the member-steps of their chunk every
+    :data:`~phasesweep.pipeline._driver.PROGRESS_EVERY` seconds, so the bar moves during a
+    chunk, not only at its end. ``sizes[i]``: chunk i's (members, steps per member).
     """
 
     def __init__(
-        self, sweep: str, chunks: Sequence[Chunk], done: int, total: int, enabled: bool
+        self, sweep: str, sizes: Sequence[tuple[int, int]], done: int, total: int, enabled: bool
     ) -> None:
-        self.point_steps = [c.points[0].config.train.steps for c in chunks]
+        self.point_steps = [steps for _, steps in sizes]
         self.live: dict[int, int] = {}  # chunk -> member-steps of its running trial
-        self.credited = [0] * len(chunks)  # chunk -> its points known to be done
+        self.credited = [0] * len(sizes)  # chunk -> its points known to be done
         self.other = 0  # points done otherwise (failed after retries)
         self.skipped, self.total, self.sweep = done, total, sweep
         self.bar = tqdm(
-            total=sum(len(c.points) * s for c, s in zip(chunks, self.point_steps)),
+            total=sum(members * steps for members, steps in sizes),
             unit=" member-steps",
             unit_scale=True,
             disable=not enabled,
