@@ -109,7 +109,7 @@ def train_sweep(store, raw: dict[str, Any], use_ray: bool) -> tuple[int, float]:
     """Train a sweep as ``phasesweep run`` does; (runs trained, wall seconds)."""
     from phasesweep.pipeline._driver import run_chunks, train_and_store
     from phasesweep.pipeline._grid import expand, make_chunks
-    from phasesweep.pipeline._ray import trial_slots
+    from phasesweep.pipeline._resources import trial_slots
     from phasesweep.pipeline.spec import validate_spec
 
     sp = validate_spec(raw)

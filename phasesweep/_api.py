@@ -151,16 +151,23 @@ def plan(
     overrides: Sequence[str] = (),
     address: str | None = None,
     cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    device_memory: float | None = None,
     extend: bool = False,
 ) -> Plan:
     """What :func:`run` would do, without writing anything (``phasesweep run --dry-run``).
 
-    The :class:`~phasesweep.Plan` holds the grid's size (``total``), the
-    points still to train (``todo``), their chunks, ``peak_bytes`` (memory of the largest
-    chunk) and ``flops`` (training work). ``address`` is only used to count the cluster's
-    CPUs. The spec's ``plots:`` are checked too, so a typo fails before a launch. A spec
-    that differs from the one stored under its name is refused unless ``extend`` and it
-    only adds grid values (see :func:`run`).
+    The :class:`~phasesweep.Plan` holds the grid's size (``total``), how many of its
+    points the store holds (``skipped``), the chunks to train as descriptors
+    (``tasks``; ``chunks`` and ``todo`` expand them into points, for small grids),
+    ``peak_bytes`` (memory of the largest chunk) and ``flops`` (training work). It grows
+    with the chunks, not the points: a 10⁷-point grid plans in seconds. ``address`` is
+    only used to count the cluster's trial slots. With ``gpus_per_trial`` the chunks are
+    sized for GPU trials: ``device_memory`` (GiB of one GPU; default
+    ``$PHASESWEEP_DEVICE_MEMORY``, else measured on the GPU) lets a machine without one
+    plan for it. The spec's ``plots:`` are checked too, so a typo fails before a launch.
+    A spec that differs from the one stored under its name is refused unless ``extend``
+    and it only adds grid values (see :func:`run`).
     """
     from phasesweep.pipeline._launch import plan_sweep
 
@@ -170,6 +177,8 @@ def plan(
         overrides=overrides,
         address=address,
         cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        device_memory=device_memory,
         extend=extend,
     )
     if planned.spec.plots:  # the figure kinds import matplotlib: only when there are plots
@@ -220,6 +229,7 @@ def run(
         overrides=overrides,
         address=address,
         cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
         extend=extend,
     )
     return execute(

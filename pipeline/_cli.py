@@ -118,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs per Ray trial, >= 0; fractions share a GPU (default: 0)",
     )
     run.add_argument(
+        "--device-memory",
+        type=_bounded(float, 0, strict=True),
+        default=None,
+        metavar="GIB",
+        help="memory of one GPU in GiB, to plan GPU trials (--gpus-per-trial) where no GPU "
+        "can be seen, e.g. a --dry-run on a laptop (default: $PHASESWEEP_DEVICE_MEMORY, "
+        "else measured on the GPU)",
+    )
+    run.add_argument(
         "--max-retries",
         type=_bounded(int, 0, strict=False),
         default=2,
@@ -374,31 +383,17 @@ def _run(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         address=None if args.dry_run else args.address,
         cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial,
+        device_memory=args.device_memory,
         extend=args.extend,
     )
     name = plan.spec.name
     if args.dry_run:
-        print(
-            f"sweep {name}: {plan.total} points, {plan.skipped} already stored, "
-            f"{len(plan.todo)} to train in {len(plan.chunks)} chunks"
-        )
-        for c in plan.chunks[:20]:
-            cfg = c.points[0].config
-            print(
-                f"  chunk {c.chunk_id}: {len(c.points)} members, depth {cfg.model.depth}, "
-                f"width {cfg.model.width}, n_train {cfg.data.n_train}, steps {cfg.train.steps}"
-            )
-        if len(plan.chunks) > 20:
-            print(f"  … {len(plan.chunks) - 20} more chunks")
-        print(f"memory: about {plan.peak_bytes / 2**20:.1f} MiB for the largest chunk")
-        print(
-            f"work: {plan.flops / 1e12:.3g} TFLOP of training "
-            f"(about {plan.flops / 5e9 / 60:.1f} core-minutes at 5 GFLOP/s per core)"
-        )
+        _print_plan(plan)
         return EXIT_OK
     print(
         f"sweep {name}: {plan.total} points; skipping {plan.skipped} already "
-        f"stored; training {len(plan.todo)} in {len(plan.chunks)} chunks",
+        f"stored; training {plan.to_train} in {len(plan.tasks)} chunks",
         file=sys.stderr,
     )
     outcome = execute(
@@ -425,6 +420,35 @@ def _run(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     return EXIT_FAILED if outcome.failed else EXIT_OK
+
+
+def _print_plan(plan: object) -> None:
+    """``run --dry-run``: points, chunks (the first few, and every size used), device,
+    memory and work."""
+    tasks = plan.tasks
+    print(
+        f"sweep {plan.spec.name}: {plan.total} points, {plan.skipped} already stored, "
+        f"{plan.to_train} to train in {len(tasks)} chunks"
+    )
+    for t in tasks[:20]:
+        cfg = plan.group_config(t)
+        print(
+            f"  chunk {t.chunk_id}: {t.size - t.stored_count} members, depth {cfg.model.depth}, "
+            f"width {cfg.model.width}, n_train {cfg.data.n_train}, steps {t.steps}"
+        )
+    if len(tasks) > 20:
+        print(f"  … {len(tasks) - 20} more chunks")
+    sizes = sorted({t.size for t in tasks})
+    if sizes:
+        shown = ", ".join(map(str, sizes[:8])) + (" …" if len(sizes) > 8 else "")
+        print(f"chunk sizes (members): {shown}")
+    if plan.device_memory is not None:
+        print(f"device: GPU trials of {plan.device_memory / 2**30:.1f} GiB each")
+    print(f"memory: about {plan.peak_bytes / 2**20:.1f} MiB for the largest chunk")
+    print(
+        f"work: {plan.flops / 1e12:.3g} TFLOP of training "
+        f"(about {plan.flops / 5e9 / 60:.1f} core-minutes at 5 GFLOP/s per core)"
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

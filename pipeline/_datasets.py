@@ -386,6 +386,20 @@ def make_dataset(cfg: DataConfig, seed: int) -> Dataset:
     return ds
 
 
+def make_datasets(members: Sequence[tuple[DataConfig, int]]) -> list[Dataset]:
+    """:func:`make_dataset` of every ``(config, seed)``, made once per distinct pair: the
+    members of a chunk that share their data config object and seed share one dataset
+    (e.g. a grid over init scale and seed draws one dataset per seed, not per member)."""
+    made: dict[tuple[int, int], Dataset] = {}
+    out = []
+    for cfg, seed in members:
+        key = (id(cfg), seed)  # the configs outlive this call: ids are not reused meanwhile
+        if key not in made:
+            made[key] = make_dataset(cfg, seed)
+        out.append(made[key])
+    return out
+
+
 def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device | str) -> DataBatch:
     """Stack members' datasets along a new leading ensemble axis.
 
@@ -400,7 +414,9 @@ def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device 
         return torch.stack([getattr(ds, name) for ds in datasets]).to(device=device, dtype=dtype)
 
     first = datasets[0].x_train
-    if len(datasets) > 1 and all(torch.equal(ds.x_train, first) for ds in datasets[1:]):
+    if len(datasets) > 1 and all(
+        ds.x_train is first or torch.equal(ds.x_train, first) for ds in datasets[1:]
+    ):
         x_train = first.to(device=device, dtype=dtype).expand(len(datasets), *first.shape)
     else:
         x_train = st("x_train")

@@ -48,14 +48,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from phasesweep.pipeline._grid import Chunk, Point
+from phasesweep.pipeline._grid import GROUP_TAG_LEN, Chunk, Grid, Point, group_tag, tagged
+from phasesweep.pipeline._plan import ChunkTask, expand_task, siblings
 from phasesweep.pipeline._progress import Progress
 from phasesweep.pipeline._ray import connect
 from phasesweep.pipeline._runs import runs_table
@@ -194,6 +194,39 @@ class _StepHook:
         return False
 
 
+#: Seconds of slack between the plan's time stamp and the modification times of store
+#: files written by other hosts: a file of another layout changed less than this before
+#: the plan is read again by the trials (the plan may have read it before it was whole).
+CLOCK_SLACK = 600.0
+
+
+def stored_reads(
+    group: str, chunk_id: str, siblings: Collection[str] | None, planned_at: float | None
+) -> Callable[[str | None, float], bool]:
+    """Which ``runs`` files a trial of chunk ``chunk_id`` of ``group`` (the group tag of
+    its points) reads to find its stored points (a ``select`` for
+    :meth:`Store.done_among`): every file of its own chunk id; a file of another chunk
+    of its group, unless it is one of its ``siblings`` (the plan's chunks of the group,
+    which hold none of its points); a file whose chunk id has no group tag (older
+    stores, compacted files). Files of other chunk ids older than
+    ``planned_at`` (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left
+    their points out of the chunk. ``siblings``/``planned_at`` None: no plan (explicit
+    points): all of those are read."""
+
+    def select(chunk: str | None, mtime: float) -> bool:
+        if chunk == chunk_id:
+            return True
+        if (
+            chunk is not None
+            and tagged(chunk)
+            and (chunk[:GROUP_TAG_LEN] != group or (siblings is not None and chunk in siblings))
+        ):
+            return False
+        return planned_at is None or mtime >= planned_at - CLOCK_SLACK
+
+    return select
+
+
 def train_and_store(
     store_uri: str,
     sweep: str,
@@ -204,13 +237,17 @@ def train_and_store(
     launch_id: str = "",
     commit_every: float = 300.0,
     report=lambda metrics: None,  # noqa: ANN001
+    siblings: Collection[str] | None = None,
+    planned_at: float | None = None,
 ) -> dict[str, Any]:
     """Train the chunk's members that the store does not hold and no one else is
     training, and commit them.
 
-    Claims the points first (:mod:`phasesweep.storage._claims`), re-reads the done run
-    ids after claiming, resumes from a checkpoint of exactly these points if one
-    exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
+    Claims the points first (:mod:`phasesweep.storage._claims`, in the chunk's group),
+    then reads which of them the store holds, from the files that can hold them
+    (:func:`stored_reads`: its own chunk's, and other layouts' newer than ``planned_at``;
+    none of the rest of the sweep), resumes from a checkpoint of exactly these points if
+    one exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
     launch's stop marker appears, and commits only the points it still owns.
     ``report`` receives progress dicts during training. Returns the small summary a
     Tune trial reports: ``points`` trained, ``skipped`` (stored already), ``busy``
@@ -225,19 +262,19 @@ def train_and_store(
     if store.fs.exists(stop):
         summary["interrupted"] = True
         return summary
-    done = store.done_run_ids(sweep)
-    todo = [p for p in chunk.points if p.run_id not in done]
-    summary["skipped"] = len(chunk.points) - len(todo)
-    if not todo:
+    if not chunk.points:
         return summary
-    claims = Claims(store, sweep)
+    group = group_tag(chunk.points[0].config)
+    claims = Claims(store, sweep, group=group)
     lease, busy = claims.acquire(
-        [p.run_id for p in todo], holder=f"launch {launch_id} chunk {chunk.chunk_id}"
+        [p.run_id for p in chunk.points], holder=f"launch {launch_id} chunk {chunk.chunk_id}"
     )
     try:
         with Renewer(lease):
-            done = store.done_run_ids(sweep)  # someone may have committed before we claimed
-            mine = [p for p in todo if p.run_id in lease.run_ids and p.run_id not in done]
+            done = store.done_among(
+                sweep, lease.run_ids, stored_reads(group, chunk.chunk_id, siblings, planned_at)
+            )
+            mine = [p for p in chunk.points if p.run_id in lease.run_ids and p.run_id not in done]
             summary.update(busy=len(busy), skipped=len(chunk.points) - len(mine) - len(busy))
             if not mine:
                 return summary
@@ -285,11 +322,14 @@ def _trial(
     config: dict[str, Any],
     store_uri: str,
     sweep: str,
-    chunks: list,
+    grid: Grid | None,
+    planned_at: float | None,
     launch_id: str,
     commit_every: float,
 ) -> None:
-    """Tune trainable: one chunk. Threads = the CPUs Ray gave this trial."""
+    """Tune trainable: one chunk, ``config["chunk"]``: a :class:`ChunkTask` of ``grid``
+    (expanded here: the trial receives its own chunk only) or explicit points
+    (:func:`_encode`). Threads = the CPUs Ray gave this trial."""
     import ray
     import torch
     from ray import tune
@@ -297,7 +337,12 @@ def _trial(
     assigned = ray.get_runtime_context().get_assigned_resources()
     torch.set_num_threads(max(1, int(assigned.get("CPU", 1))))
     device = "cuda" if assigned.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
-    chunk = _decode(*chunks[config["chunk"]])
+    _, item = config["chunk"]
+    if isinstance(item, ChunkTask):
+        chunk, plan = expand_task(grid, item), {"siblings": siblings(grid, item)}
+        plan["planned_at"] = planned_at
+    else:
+        chunk, plan = _decode(*item), {}
     node = ray.get_runtime_context().get_node_id()
     summary = train_and_store(
         store_uri,
@@ -308,6 +353,7 @@ def _trial(
         launch_id=launch_id,
         commit_every=commit_every,
         report=tune.report,
+        **plan,
     )
     tune.report({**summary, "final": True})
 
@@ -361,13 +407,65 @@ def launch_folder() -> Iterator[str]:
             os.rmdir(base)
 
 
+class _Chunks:
+    """The chunks of a launch by index: explicit :class:`Chunk` s or :class:`ChunkTask` s
+    of ``grid``, expanded only where the driver must look at their points (a trial that
+    failed or found points busy elsewhere)."""
+
+    def __init__(
+        self, items: Sequence[Chunk | ChunkTask], grid: Grid | None, planned_at: float | None
+    ) -> None:
+        self.items, self.grid, self.planned_at = items, grid, planned_at
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def chunk_id(self, i: int) -> str:
+        return self.items[i].chunk_id
+
+    def size(self, i: int) -> tuple[int, int]:
+        """(members to train, steps per member) of chunk i."""
+        item = self.items[i]
+        if isinstance(item, ChunkTask):
+            return item.size - item.stored_count, item.steps
+        return len(item.points), item.points[0].config.train.steps if item.points else 0
+
+    def points(self, i: int) -> tuple[Point, ...]:
+        item = self.items[i]
+        return expand_task(self.grid, item).points if isinstance(item, ChunkTask) else item.points
+
+    def trial_config(self, i: int) -> tuple[int, ChunkTask | tuple]:
+        """What trial i receives (``config["chunk"]``): its index and its chunk."""
+        item = self.items[i]
+        return i, item if isinstance(item, ChunkTask) else _encode([item])[0]
+
+    def unstored(self, store: Store, sweep: str, i: int) -> list[Point]:
+        """Chunk i's points the store does not hold (read as its trial reads them)."""
+        item = self.items[i]
+        points = self.points(i)
+        plan = (None, None)
+        if isinstance(item, ChunkTask):
+            plan = (siblings(self.grid, item), self.planned_at)
+        if not points:
+            return []
+        reads = stored_reads(group_tag(points[0].config), item.chunk_id, *plan)
+        done = store.done_among(sweep, [p.run_id for p in points], reads)
+        return [p for p in points if p.run_id not in done]
+
+    def claims(self, store: Store, sweep: str, points: Sequence[Point]) -> Claims:
+        """The claims of these points' group (:func:`pipeline._grid.group_tag`)."""
+        return Claims(store, sweep, group=group_tag(points[0].config))
+
+
 def run_chunks(
     store: Store,
     sweep: str,
-    chunks: Sequence[Chunk],
+    chunks: Sequence[Chunk | ChunkTask],
     *,
     total: int,
     skipped: int,
+    grid: Grid | None = None,
+    planned_at: float | None = None,
     address: str | None = None,
     cpus_per_trial: float = 1,
     gpus_per_trial: float = 0,
@@ -377,12 +475,14 @@ def run_chunks(
 ) -> SweepOutcome:
     """Schedule ``chunks`` as Tune trials and wait; returns what happened.
 
-    Points of trials that still fail after ``max_retries`` retries are stored with
-    status ``failed`` (a relaunch trains them again). Points another launch is training
-    (live claims) are waited for: when their holder commits they count as done, when it
-    dies or stops they are trained here. SIGINT (Ctrl-C) stops the launch: trials
-    checkpoint and end, nothing is marked failed, ``outcome.interrupted`` is set; a
-    second SIGINT raises ``KeyboardInterrupt`` at once.
+    ``chunks``: explicit :class:`Chunk` s, or :class:`ChunkTask` s of ``grid`` planned at
+    ``planned_at`` (:func:`pipeline._plan.plan_chunks`): each trial receives its own
+    chunk only and ``grid`` once. Points of trials that still fail after ``max_retries``
+    retries are stored with status ``failed`` (a relaunch trains them again). Points
+    another launch is training (live claims) are waited for: when their holder commits
+    they count as done, when it dies or stops they are trained here. SIGINT (Ctrl-C)
+    stops the launch: trials checkpoint and end, nothing is marked failed,
+    ``outcome.interrupted`` is set; a second SIGINT raises ``KeyboardInterrupt`` at once.
     """
     outcome = SweepOutcome(total=total, skipped=skipped)
     if not chunks:
@@ -394,9 +494,8 @@ def run_chunks(
     connect(address)
     launch_id = uuid.uuid4().hex[:12]
     stop = stop_path(store, sweep, launch_id)
-    claims = Claims(store, sweep)
-    sizes = [(len(c.points), c.points[0].config.train.steps) for c in chunks]
-    bar = Progress(sweep, sizes, done=skipped, total=total, enabled=progress)
+    work = _Chunks(chunks, grid, planned_at)
+    bar = Progress(sweep, [work.size(i) for i in range(len(work))], skipped, total, progress)
 
     def on_sigint(signum, frame) -> None:  # noqa: ANN001
         if outcome.interrupted:
@@ -406,33 +505,34 @@ def run_chunks(
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
-    pending = list(range(len(chunks)))
+    pending = list(range(len(work)))
     try:
         with launch_folder() as folder:
             while pending and not outcome.interrupted:
-                errors, busy = _fit(
-                    store, sweep, chunks, pending, folder, bar, outcome,
+                errors, busy, clean = _fit(
+                    store, sweep, work, pending, folder, bar, outcome,
                     launch_id=launch_id, commit_every=commit_every,
                     cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                     max_retries=max_retries,
                 )  # fmt: skip
                 if outcome.interrupted:
                     break
-                done = store.done_run_ids(sweep)
                 rerun = []
                 for i in pending:
-                    lost = [p for p in chunks[i].points if p.run_id not in done]
+                    if i in clean:  # the trial stored or found stored every point
+                        continue
+                    lost = work.unstored(store, sweep, i)
                     if not lost:
                         continue
-                    held = claims.held([p.run_id for p in lost])
+                    held = work.claims(store, sweep, lost).held([p.run_id for p in lost])
                     if i in errors or i not in busy:
                         lost = [p for p in lost if p.run_id not in held]
                         message = errors.get(i, "trial ended without storing its points")
                         if lost:
                             store.write_chunk(
                                 sweep,
-                                chunks[i].chunk_id,
-                                {"runs": failed_runs_table(lost, chunks[i].chunk_id, message)},
+                                work.chunk_id(i),
+                                {"runs": failed_runs_table(lost, work.chunk_id(i), message)},
                             )
                             outcome.failed += [p.run_id for p in lost]
                             outcome.errors.append(message)
@@ -440,7 +540,7 @@ def run_chunks(
                         if not held:
                             continue
                     rerun.append(i)
-                pending = _wait_for_others(store, sweep, chunks, rerun, claims, bar, outcome)
+                pending = _wait_for_others(store, sweep, work, rerun, bar, outcome)
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
@@ -453,7 +553,7 @@ def run_chunks(
 def _fit(
     store: Store,
     sweep: str,
-    chunks: Sequence[Chunk],
+    work: _Chunks,
     indices: list[int],
     folder: str,
     bar: Progress,
@@ -464,33 +564,39 @@ def _fit(
     cpus_per_trial: float,
     gpus_per_trial: float,
     max_retries: int,
-) -> tuple[dict[int, str], set[int]]:
-    """One Tune run over ``chunks[i] for i in indices``; returns the error message of
-    each chunk whose trial failed after retries, and the chunks with points busy elsewhere."""
+) -> tuple[dict[int, str], set[int], set[int]]:
+    """One Tune run over chunks ``indices`` of ``work``; returns the error message of each
+    chunk whose trial failed after retries, the chunks with points busy elsewhere, and
+    the chunks whose trial ended cleanly (every point stored by it or found stored)."""
     from ray import tune
 
     busy: set[int] = set()
+    clean: set[int] = set()
 
     class _Results(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):  # noqa: ANN001
-            i = indices[trial.config["chunk"]]
+            i = trial.config["chunk"][0]
             if not result.get("final"):
                 bar.running(i, result.get("member_steps", 0))
                 return
             outcome.trained += result.get("points", 0)
+            outcome.skipped += result.get("skipped", 0)
             outcome.resumed += result.get("resumed", 0)
             outcome.diverged += result.get("diverged", 0)
             if result.get("busy"):
                 busy.add(i)
             if not result.get("interrupted"):
                 bar.finished(i, result.get("points", 0) + result.get("skipped", 0))
+                if not result.get("busy"):
+                    clean.add(i)
 
     trainable = tune.with_resources(
         tune.with_parameters(
             _trial,
             store_uri=store.uri,
             sweep=sweep,
-            chunks=_encode([chunks[i] for i in indices]),
+            grid=work.grid,
+            planned_at=work.planned_at,
             launch_id=launch_id,
             commit_every=commit_every,
         ),
@@ -498,7 +604,7 @@ def _fit(
     )
     tuner = tune.Tuner(
         trainable,
-        param_space={"chunk": tune.grid_search(list(range(len(indices))))},
+        param_space={"chunk": tune.grid_search([work.trial_config(i) for i in indices])},
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
             name=f"{sweep}-{uuid.uuid4().hex[:6]}",
@@ -513,11 +619,11 @@ def _fit(
     # with the first error seen.
     errors = [r for r in results if r.error is not None]
     fallback = _describe(errors[0].error) if errors else None
-    by_chunk = {indices[r.config["chunk"]]: _describe(r.error) for r in errors if r.config}
+    by_chunk = {r.config["chunk"][0]: _describe(r.error) for r in errors if r.config}
     if fallback is not None:
-        reported = {indices[r.config["chunk"]] for r in results if r.config and r.error is None}
+        reported = {r.config["chunk"][0] for r in results if r.config and r.error is None}
         by_chunk.update({i: fallback for i in indices if i not in reported and i not in by_chunk})
-    return by_chunk, busy
+    return by_chunk, busy, clean - set(by_chunk)
 
 
 #: Seconds between looks at the store while waiting for points another launch trains.
@@ -527,9 +633,8 @@ WAIT_POLL = 2.0
 def _wait_for_others(
     store: Store,
     sweep: str,
-    chunks: Sequence[Chunk],
+    work: _Chunks,
     indices: list[int],
-    claims: Claims,
     bar: Progress,
     outcome: SweepOutcome,
 ) -> list[int]:
@@ -538,10 +643,11 @@ def _wait_for_others(
     if indices:
         bar.note("waiting for points in progress by another launch")
     while indices and not outcome.interrupted:
-        done = store.done_run_ids(sweep)
-        lost = {i: [p.run_id for p in chunks[i].points if p.run_id not in done] for i in indices}
+        lost = {i: work.unstored(store, sweep, i) for i in indices}
         indices = [i for i in indices if lost[i]]
-        if not indices or not claims.held([r for i in indices for r in lost[i]]):
+        if not any(
+            work.claims(store, sweep, lost[i]).held([p.run_id for p in lost[i]]) for i in indices
+        ):
             break
         time.sleep(WAIT_POLL)
     bar.note("")
@@ -550,10 +656,3 @@ def _wait_for_others(
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
-
-
-def flops_estimate(points: Sequence[Point]) -> float:
-    """Training FLOPs of the points (forward + backward, all steps)."""
-    from phasesweep.pipeline._grid import flops_per_step
-
-    return float(np.sum([flops_per_step(p.config) * p.config.train.steps for p in points]))

@@ -17,13 +17,14 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from phasesweep.pipeline.spec import (
     SHORT_NAMES,
+    ExecutionConfig,
     RunConfig,
     SpecError,
     SweepSpec,
@@ -46,6 +47,8 @@ MEMBER_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 _RUN_SECTIONS = set(RunConfig.model_fields)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -165,11 +168,12 @@ def axis_values(axis: str, spec_value: Any) -> Sequence[Any]:
 
 
 def _set_path(cfg: dict[str, Any], path: str, value: Any) -> None:
-    """Set a dotted ``path`` (without its section) in the section dict ``cfg``."""
+    """Set a dotted ``path`` (without its section) in the section dict ``cfg``; the dicts
+    along the path are copied, so a shallow copy of a shared dict can be given."""
     *parents, last = path.split(".")
     node = cfg
     for part in parents:
-        node = node.setdefault(part, {})
+        node[part] = node = dict(node.get(part) or {})
     node[last] = value
 
 
@@ -205,50 +209,83 @@ class _SectionOptions:
     """The validated configs of one RunConfig section over the combinations of its axes.
 
     ``get(idx)`` (idx: one value index per axis of the section) returns the section
-    model, its JSON and whether idx is the first combination, in grid order, that
-    gives this JSON (a later one repeats a point: an axis listing a value twice).
-    Cross-field rules only relate fields of one section, so validating each section's
-    combinations covers every point at a fraction of the cost.
+    model, its JSON and whether idx is the first combination, in grid order, that gives
+    this JSON (a later one repeats a point: an axis listing a value twice). Cross-field
+    rules only relate fields of one section, so validating each section's combinations
+    covers every point at a fraction of the cost.
 
-    Small sections (:data:`EAGER_COMBINATIONS`) are validated up front, so their errors
-    come before any point. Larger ones are validated when the iteration reaches a
-    combination and only the last one is kept. Repeats are recognised by a 16-byte
-    digest per distinct JSON; that is exact because the grid's iteration (last axis
-    fastest) first reaches the combinations of one section in that section's own
-    lexicographic order, so the first combination seen with a JSON is also the first
-    in grid order. A large section needs no digests when its axes set distinct fields
-    to strictly monotone values (ranges, spaces, sorted lists) that validate unchanged:
-    then every combination is a different config (a value changed by validation is
-    an error there).
+    Repeats are found when the options are built, so that any one combination can be
+    looked up alone (a trial expands only its own chunk). Small sections
+    (:data:`EAGER_COMBINATIONS`) are validated whole up front, so their errors come
+    before any point. A large section whose axes set distinct fields to strictly
+    monotone values (ranges, spaces, sorted lists) that validate unchanged cannot repeat
+    (a value changed by validation is an error there): its values are checked one axis
+    at a time (:data:`SAMPLED_VALUES` of a longer axis) and its combinations when they
+    are looked up. Any other large section is validated whole once, keeping a 16-byte
+    digest per distinct JSON until its repeats are known: time linear in its
+    combinations. That is exact because the grid's iteration (last axis fastest) first
+    reaches the combinations of one section in that section's own lexicographic order,
+    so the first combination seen with a JSON is also the first in grid order.
+
+    Pickles without its cache of validated combinations (a trial validates what it uses).
     """
 
     def __init__(self, spec: SweepSpec, section: str, axes: list[_Axis]) -> None:
         self.base: BaseModel = getattr(spec, section)
+        self._raw = self.base.model_dump()
         self.axes = axes
         self.sizes = [len(a.values) for a in axes]
         self.count = math.prod(self.sizes)
         self.eager = self.count <= EAGER_COMBINATIONS
         self.track = self.eager or not _distinct_combinations(axes)
-        self._first: dict[bytes, int] = {}  # JSON digest -> flat index of its first combination
-        self._known: dict[tuple[int, ...], tuple[BaseModel, str, bool]] = {}
-        if self.eager:
-            for idx in itertools.product(*map(range, self.sizes)):
-                self._known[idx] = self._validate(idx)
+        self._known: dict[tuple[int, ...], tuple[BaseModel, str]] = {}
+        #: flat indices (last axis fastest) of the combinations that repeat an earlier one
+        self.repeats: frozenset[int] = frozenset()
+        if self.track:
+            first: dict[bytes, int] = {}
+            repeats = []
+            for flat, idx in enumerate(itertools.product(*map(range, self.sizes))):
+                model, text = self._validate(idx)
+                if self.eager:
+                    self._known[idx] = (model, text)
+                digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+                if first.setdefault(digest, flat) != flat:
+                    repeats.append(flat)
+            self.repeats = frozenset(repeats)
+        else:
+            for a in axes:
+                for i in _sample(len(a.values)):
+                    if not _valid_alone(self.base, a.path, a.values[i]):
+                        self._validate(tuple(i if b is a else 0 for b in axes))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_known": {}}
 
     @property
     def distinct(self) -> int:
-        """Distinct configs of this section (a large one counts every combination)."""
-        return sum(first for _, _, first in self._known.values()) if self.eager else self.count
+        """Distinct configs of this section (a large section that cannot repeat counts
+        every combination)."""
+        return self.count - len(self.repeats)
+
+    def flat(self, idx: tuple[int, ...]) -> int:
+        """The combination's position in the section's own order (last axis fastest)."""
+        flat = 0
+        for i, size in zip(idx, self.sizes):
+            flat = flat * size + i
+        return flat
 
     def get(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
         found = self._known.get(idx)
         if found is None:
             found = self._validate(idx)
-            self._known = {idx: found}  # large sections: only the last combination
-        return found
+            if len(self._known) >= LAZY_CACHE:  # bounded: drop the oldest half
+                for key in list(self._known)[: LAZY_CACHE // 2]:
+                    del self._known[key]
+            self._known[idx] = found
+        return (*found, not self.repeats or self.flat(idx) not in self.repeats)
 
-    def _validate(self, idx: tuple[int, ...]) -> tuple[BaseModel, str, bool]:
-        raw = self.base.model_dump()
+    def _validate(self, idx: tuple[int, ...]) -> tuple[BaseModel, str]:
+        raw = dict(self._raw)
         for a, i in zip(self.axes, idx):
             _set_path(raw, a.path.split(".", 1)[1], a.values[i])
         try:
@@ -265,7 +302,6 @@ class _SectionOptions:
             raise SpecError(
                 "grid", combo, f"this combination is invalid: {e.errors()[0]['msg']}"
             ) from None
-        text = _section_json(model)
         if not self.track:
             for a, i in zip(self.axes, idx):
                 got = functools.reduce(getattr, a.path.split(".")[1:], model)
@@ -276,12 +312,24 @@ class _SectionOptions:
                         f"becomes {excerpt(got)} when validated; a grid section over "
                         f"{EAGER_COMBINATIONS} combinations takes values as they validate",
                     )
-            return model, text, True
-        flat = 0
-        for i, size in zip(idx, self.sizes):
-            flat = flat * size + i
-        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
-        return model, text, self._first.setdefault(digest, flat) == flat
+        return model, _section_json(model)
+
+
+#: Validated combinations of a large section kept for the next look-up (a few KB each).
+LAZY_CACHE = 256
+
+#: Values of a long axis of a large section checked alone when the grid is planned: the
+#: ends and evenly spaced ones between (a range or a space of numbers within a field's
+#: bounds at both ends is within them throughout). The others are checked when a trial
+#: builds its points.
+SAMPLED_VALUES = 64
+
+
+def _sample(n: int) -> list[int]:
+    """Indices of the values of an axis of n values that are checked up front."""
+    if n <= EAGER_COMBINATIONS:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (SAMPLED_VALUES - 1)) for i in range(SAMPLED_VALUES)})
 
 
 def _distinct_combinations(axes: list[_Axis]) -> bool:
@@ -359,38 +407,155 @@ def grid_size(spec: SweepSpec) -> int:
     return total
 
 
+class Grid:
+    """A sweep's grid as its axes: any point by its indices, no list of points.
+
+    ``axes`` in spec order; a point is one value index per axis, and the grid's order is
+    their product, last axis fastest. The axes over :data:`MEMBER_FIELDS` are *member*
+    axes, the others *split* axes: the points that share their split-axis values (a
+    *group*) share every tensor shape and code path and may train as one ensemble; a
+    group's members are the product of the member axes, in grid order.
+
+    Built from a validated spec: the grid's size is checked against
+    ``execution.max_points`` before any value is computed, small sections are validated
+    whole and the others value by value (see :class:`_SectionOptions`), so a bad axis is
+    a :class:`SpecError` naming it before anything runs; a combination of a large
+    section that only fails when put together fails where its point is built. Memory:
+    the axes' values, the small sections' configs and the repeats; pickles small (a Ray
+    trial receives it once).
+    """
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.spec = spec
+        self.sweep = spec.name
+        self.axes, by_section = _grid(spec, bounded=True)
+        options = {
+            s: _SectionOptions(spec, s, [self.axes[i] for i in by_section[s]]) for s in _SECTIONS
+        }
+        self._sections = [(s, options[s], tuple(by_section[s])) for s in _SECTIONS]
+        member_paths = {f"{sec}.{name}" for sec, name in MEMBER_FIELDS}
+        is_member = [".".join(a.path.split(".")[:2]) in member_paths for a in self.axes]
+        #: positions (in ``axes``) of the split axes and of the member axes
+        self.split = tuple(i for i, m in enumerate(is_member) if not m)
+        self.member = tuple(i for i, m in enumerate(is_member) if m)
+        self.split_sizes = tuple(len(self.axes[i].values) for i in self.split)
+        self.member_sizes = tuple(len(self.axes[i].values) for i in self.member)
+        #: points of one group (repeats included)
+        self.members = math.prod(self.member_sizes)
+        self._check_lr_corners()
+
+    def _check_lr_corners(self) -> None:
+        """Refuse the grid if a point's scaled learning rate (:func:`member_lr`) is not a
+        finite number > 0, looking only at the corners of the axes it depends on: its
+        log is multilinear in the logs of lr, init scale (and its floor) and width and in
+        depth and the scaling powers, so its extremes, where it overflows or underflows,
+        lie at corners. The first failing corner in grid order is named."""
+        ends = []
+        for a in self.axes:
+            if a.path in _LR_PATHS or a.path.startswith("train.lr_scaling."):
+                values = list(a.values) if not isinstance(a.values, range) else None
+                ends.append(
+                    sorted({0, len(a.values) - 1})
+                    if values is None
+                    else sorted({values.index(min(values)), values.index(max(values))})
+                )
+            else:
+                ends.append([0])
+        for idx in itertools.product(*ends):
+            models = [opt.get(tuple(idx[i] for i in pos))[0] for _, opt, pos in self._sections]
+            config = RunConfig.model_construct(**dict(zip(_SECTIONS, models)))
+            _check_lr(config, {a.name: a.values[i] for a, i in zip(self.axes, idx)})
+
+    def groups(self) -> Iterator[tuple[int, ...]]:
+        """Every group (one value index per split axis) in grid order."""
+        return itertools.product(*map(range, self.split_sizes))
+
+    def point(self, idx: Sequence[int]) -> Point | None:
+        """The point at value indices ``idx`` (one per axis), or None where it repeats an
+        earlier point of the grid. A scaled learning rate (:func:`member_lr`) that is not
+        a finite number > 0 is a :class:`SpecError`."""
+        chosen = self._chosen(idx)
+        if chosen is None:
+            return None
+        run_id = _run_id(self.sweep, [text for _, text, _ in chosen])
+        config = RunConfig.model_construct(
+            **{s: m for (s, _, _), (m, _, _) in zip(self._sections, chosen)}
+        )
+        coords = {a.name: a.values[i] for a, i in zip(self.axes, idx)}
+        _check_lr(config, coords)
+        return Point(run_id, config, coords)
+
+    def run_id(self, idx: Sequence[int]) -> str | None:
+        """The run id of the point at ``idx`` (None for a repeat), without its config."""
+        chosen = self._chosen(idx)
+        return None if chosen is None else _run_id(self.sweep, [t for _, t, _ in chosen])
+
+    def _chosen(self, idx: Sequence[int]) -> list[tuple[BaseModel, str, bool]] | None:
+        chosen = [opt.get(tuple(idx[i] for i in pos)) for _, opt, pos in self._sections]
+        return chosen if all(first for _, _, first in chosen) else None
+
+    def __iter__(self) -> Iterator[Point]:
+        """Every point in grid order, repeats left out."""
+        for idx in itertools.product(*(range(len(a.values)) for a in self.axes)):
+            p = self.point(idx)
+            if p is not None:
+                yield p
+
+    def group_members(
+        self,
+        group: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+        build: Callable[[Sequence[int]], T] | None = None,
+    ) -> Iterator[tuple[int, T]]:
+        """(offset from ``start``, ``build(idx)``) of the group's members ``[start, stop)``
+        in grid order: O(1) to reach ``start``, O(1) a member. ``build``: :meth:`point`
+        (the default) or :meth:`run_id`; None for a repeat."""
+        build = self.point if build is None else build
+        stop = self.members if stop is None else stop
+        if stop <= start:
+            return
+        idx = [0] * len(self.axes)
+        for pos, i in zip(self.split, group):
+            idx[pos] = i
+        digits = list(np.unravel_index(start, self.member_sizes)) if self.member else []
+        for offset in range(stop - start):
+            for pos, d in zip(self.member, digits):
+                idx[pos] = int(d)
+            yield offset, build(idx)
+            for k in range(len(digits) - 1, -1, -1):  # the next member: last axis fastest
+                digits[k] += 1
+                if digits[k] < self.member_sizes[k]:
+                    break
+                digits[k] = 0
+
+    def group_config(self, group: Sequence[int]) -> RunConfig:
+        """The config of the group's first member (repeat or not): its shapes, steps and
+        code paths are the group's."""
+        idx = [0] * len(self.axes)
+        for pos, i in zip(self.split, group):
+            idx[pos] = i
+        models = [opt.get(tuple(idx[i] for i in pos))[0] for _, opt, pos in self._sections]
+        return RunConfig.model_construct(**dict(zip(_SECTIONS, models)))
+
+
+#: The fields :func:`member_lr` reads besides ``train.lr_scaling.*``.
+_LR_PATHS = {"train.lr", "model.init_scale", "model.width", "model.depth"}
+
+
 def iter_points(spec: SweepSpec, skip: Container[str] = frozenset()) -> Iterator[Point]:
     """The grid points of ``spec`` one at a time, in grid order (last axis fastest).
 
     Raises :class:`SpecError` naming the offending axis and value: the grid's size
-    (over ``execution.max_points``), the axes' forms and the small sections' values
-    at once; a bad value of a large section when the iteration reaches it. Points that
-    resolve to the same config (an axis listing a value twice) appear once; points
-    whose run_id is in ``skip`` are left out before their config is built. A point
-    whose scaled learning rate (:func:`member_lr`) is not finite and > 0 is an error. Memory:
-    the axes, the small sections' configs and a digest per config of the large ones;
-    no point is kept.
+    (over ``execution.max_points``), the axes' forms and values at once (see
+    :class:`Grid`); a combination of a large section that fails only as a whole when the
+    iteration reaches it. Points that resolve to the same config (an axis listing a
+    value twice) appear once; points whose run_id is in ``skip`` are left out. A point
+    whose scaled learning rate (:func:`member_lr`) is not finite and > 0 is an error.
+    Memory: see :class:`Grid`; no point is kept.
     """
-    axes, by_section = _grid(spec, bounded=True)
-    options = {s: _SectionOptions(spec, s, [axes[i] for i in by_section[s]]) for s in _SECTIONS}
-    sections = [(s, options[s], by_section[s]) for s in _SECTIONS]
-
-    def points() -> Iterator[Point]:
-        for combo in itertools.product(*(range(len(a.values)) for a in axes)):
-            chosen = [opt.get(tuple(combo[i] for i in pos)) for _, opt, pos in sections]
-            if not all(first for _, _, first in chosen):
-                continue
-            run_id = _run_id(spec.name, [text for _, text, _ in chosen])
-            if run_id in skip:
-                continue
-            config = RunConfig.model_construct(
-                **{s: m for (s, _, _), (m, _, _) in zip(sections, chosen)}
-            )
-            coords = {a.name: a.values[c] for a, c in zip(axes, combo)}
-            _check_lr(config, coords)
-            yield Point(run_id, config, coords)
-
-    return points()
+    grid = Grid(spec)
+    return (p for p in grid if p.run_id not in skip)
 
 
 def expand(spec: SweepSpec) -> list[Point]:
@@ -495,35 +660,124 @@ def step_flops(dims: Sequence[int], rows: int) -> float:
     return 6.0 * rows * sum(a * b for a, b in zip(dims[:-1], dims[1:]))
 
 
+#: Members per chunk, and memory of a chunk in MiB, where the spec leaves
+#: ``execution.max_chunk_size`` / ``execution.memory_budget_mb`` unset and the chunk
+#: trains on the CPU. The trainer steps a chunk in cache-sized blocks of members
+#: (:class:`pipeline._models.EnsembleStep`), so these bound memory, not speed.
+CPU_CHUNK_MEMBERS = 1024
+CPU_CHUNK_BUDGET_MB = 1024
+
+#: Part of a GPU trial's device memory (the card's memory times ``--gpus-per-trial``) that
+#: one chunk may fill where the spec leaves ``execution.memory_budget_mb`` unset: the
+#: trainer runs the whole ensemble as one block where it fits half the free memory
+#: (:data:`pipeline._models.DEVICE_MEMORY_FRACTION`), and the rest holds the CUDA
+#: context, the allocator's slack and the metrics' temporaries.
+DEVICE_CHUNK_FRACTION = 0.5
+
+
+def chunk_members(
+    config: RunConfig, execution: ExecutionConfig, device_memory: int | None = None
+) -> int:
+    """Most members of one chunk of points shaped like ``config``.
+
+    On the CPU (``device_memory`` None): ``execution.max_chunk_size`` (default
+    :data:`CPU_CHUNK_MEMBERS`) and ``execution.memory_budget_mb`` (default
+    :data:`CPU_CHUNK_BUDGET_MB`) over :func:`member_bytes`. On a GPU trial of
+    ``device_memory`` bytes: as many members as :data:`DEVICE_CHUNK_FRACTION` of it holds
+    at :func:`member_bytes` plus the metrics' working set (:func:`metrics_bytes`) each,
+    unless the spec sets either limit (then it applies there too): on an 80 GB card
+    about 10⁵ small members train as one ensemble.
+    """
+    cap, budget_mb = execution.max_chunk_size, execution.memory_budget_mb
+    per = member_bytes(config)
+    if device_memory is None:
+        cap = CPU_CHUNK_MEMBERS if cap is None else cap
+        budget = (CPU_CHUNK_BUDGET_MB if budget_mb is None else budget_mb) * 2**20
+    else:
+        per += metrics_bytes(config)
+        budget = (
+            int(DEVICE_CHUNK_FRACTION * device_memory) if budget_mb is None else budget_mb * 2**20
+        )
+    size = budget // per
+    return max(1, size if cap is None else min(cap, size))
+
+
+def metrics_bytes(config: RunConfig) -> int:
+    """Rough working set of one member's metrics at a logged step in bytes: the probe
+    activations and sensitivities (probe × Σ widths, twice), a few probe × probe kernels
+    and three copies of θ (see :func:`pipeline._trainer.metrics_block`)."""
+    m, d = config.model, config.data
+    dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
+    n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+    probe = min(config.metrics.probe_size, d.n_test)
+    itemsize = 8 if config.train.dtype == "float64" else 4
+    return itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe + 3 * n_params)
+
+
+def chunk_bounds(members: int, parts: int) -> list[int]:
+    """Bounds of ``parts`` chunks of equal size (±1) over ``members`` members: chunk i
+    holds members ``[b[i], b[i + 1])``."""
+    return np.linspace(0, members, parts + 1).round().astype(int).tolist()
+
+
+def chunk_parts(members: int, size: int, share: int) -> int:
+    """Chunks of a group of ``members`` at most ``size`` each, and at least ``share``
+    (the group's part of the grid's least number of chunks) where it has that many."""
+    return min(max(-(-members // size), share), members)
+
+
+#: Hex digits of a chunk id that name its group (:func:`group_tag`); the rest tell the
+#: chunks of a group apart.
+GROUP_TAG_LEN = 8
+#: Hex digits after the group tag.
+PART_TAG_LEN = 12
+
+
+def group_tag(config: RunConfig) -> str:
+    """The first :data:`GROUP_TAG_LEN` hex digits of every chunk id of points shaped like
+    ``config`` (a hash of its :func:`shape_key`). A point's chunks, however a launch
+    packs it, share this tag: its store files, claims and checkpoints are looked up by
+    it (two shapes that share a tag only cost a few extra reads)."""
+    return hashlib.sha256(shape_key(config).encode()).hexdigest()[:GROUP_TAG_LEN]
+
+
+def tagged(chunk_id: str) -> bool:
+    """Whether ``chunk_id`` has the form group tag + part tag (stores written before
+    group tags have other chunk ids)."""
+    return len(chunk_id) == GROUP_TAG_LEN + PART_TAG_LEN and all(
+        c in "0123456789abcdef" for c in chunk_id
+    )
+
+
 def make_chunks(points: Sequence[Point], spec: SweepSpec, min_chunks: int = 1) -> list[Chunk]:
     """Pack points with equal :func:`shape_key` into chunks of at most
-    ``execution.max_chunk_size`` members and at most ``execution.memory_budget_mb``.
+    :func:`chunk_members` members (``execution.max_chunk_size``,
+    ``execution.memory_budget_mb``), for a list of points that is not a grid (``refine``
+    adds points line by line; a grid is planned without a list, see :mod:`pipeline._plan`).
 
     The chunks of a group are of equal size (±1), so no trial is left with a
-    straggler of a few members. ``min_chunks``: split the grid into at least this
-    many chunks where it has that many points, e.g. the number of trials that run
-    at once (CPUs / CPUs per trial), so that every core gets a chunk. Cache
-    efficiency does not depend on the chunk size: the trainer steps a chunk in
-    cache-sized blocks of members (:class:`pipeline._models.EnsembleStep`).
+    straggler of a few members. ``min_chunks``: split the points into at least this
+    many chunks where there are that many, e.g. the number of trials that run
+    at once (CPUs / CPUs per trial), so that every core gets a chunk. A chunk id is
+    the group's :func:`group_tag` and a hash of the member run ids.
     """
     groups: dict[str, list[Point]] = {}
     cache: dict[int, str] = {}
     for p in points:
         groups.setdefault(shape_key(p.config, cache), []).append(p)
-    budget = spec.execution.memory_budget_mb * 2**20
-    # chunks per group so that the whole grid has at least min_chunks, in proportion to size
     total = max(1, len(points))
     chunks: list[Chunk] = []
     for members in groups.values():
-        size = max(1, min(spec.execution.max_chunk_size, budget // member_bytes(members[0].config)))
-        n_chunks = max(-(-len(members) // size), -(-min_chunks * len(members) // total))
-        n_chunks = min(n_chunks, len(members))
-        bounds = np.linspace(0, len(members), n_chunks + 1).round().astype(int)
+        first = members[0].config
+        size = chunk_members(first, spec.execution)
+        share = -(-min_chunks * len(members) // total)
+        bounds = chunk_bounds(len(members), chunk_parts(len(members), size, share))
+        tag = group_tag(first)
         for start, stop in zip(bounds[:-1], bounds[1:]):
             part = tuple(members[start:stop])
-            chunks.append(Chunk(_hash_ids(p.run_id for p in part), part))
+            chunks.append(Chunk(tag + _hash_ids(p.run_id for p in part), part))
     return chunks
 
 
 def _hash_ids(ids: Iterable[str]) -> str:
-    return hashlib.sha256(",".join(ids).encode()).hexdigest()[:12]
+    return hashlib.sha256(",".join(ids).encode()).hexdigest()[:PART_TAG_LEN]

@@ -56,32 +56,46 @@ def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
     return v / v.norm()
 
 
-def _member_weights(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch.Tensor]:
+def _draws(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch.Tensor]:
+    """What a member's initial weights are made of before ``init_scale`` (g) enters: the
+    same for every g, so members that differ only in g share them. ``gaussian``,
+    ``antisymmetric``: the unscaled layers; ``balanced``: the layers at g = 1 (u_l
+    u_{l−1}ᵀ); ``balanced_full``: the frames U_l; ``file``: the file's layers."""
     gen = generator(seed, "init")
-    g = cfg.init_scale
     dims = net.dims
     if cfg.init in ("balanced", "balanced_rank_one"):
         units = [_unit(n, gen) for n in dims]
-        weights = [g * torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
-    elif cfg.init == "file":
-        weights = [
-            g * torch.tensor(w, dtype=torch.float64)
+        return [torch.outer(units[l], units[l - 1]) for l in range(1, len(dims))]
+    if cfg.init == "file":
+        return [
+            torch.tensor(w, dtype=torch.float64)
             for w in member_weights(cfg.init_path, load_weights(cfg.init_path)[0], dims, seed)
         ]
+    if cfg.init == "balanced_full":
+        return [orthogonal_matrix(gen, n)[:, : min(dims)] for n in dims]
+    weights = [
+        torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)
+        for l in range(1, len(dims))
+    ]
+    if cfg.init == "antisymmetric":  # mirror before scaling, so frobenius stays exact
+        half = dims[-2] // 2
+        weights[-2][half:] = weights[-2][:half]
+        weights[-1][:, half:] = -weights[-1][:, :half]
+    return weights
+
+
+def _member_weights(
+    net: EnsembleMLP, cfg: ModelConfig, draws: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """A member's initial weights from its :func:`_draws` (left unchanged)."""
+    g = cfg.init_scale
+    if cfg.init in ("balanced", "balanced_rank_one", "file"):
+        weights = [g * w for w in draws]
     elif cfg.init == "balanced_full":
-        r = min(dims)
-        frames = [orthogonal_matrix(gen, n)[:, :r] for n in dims]
-        sigma = g / math.sqrt(r)
-        weights = [(frames[l] * sigma) @ frames[l - 1].T for l in range(1, len(dims))]
+        sigma = g / math.sqrt(min(net.dims))
+        weights = [(draws[l] * sigma) @ draws[l - 1].T for l in range(1, len(draws))]
     else:
-        weights = [
-            torch.randn(dims[l], dims[l - 1], generator=gen, dtype=torch.float64)
-            for l in range(1, len(dims))
-        ]
-        if cfg.init == "antisymmetric":  # mirror before scaling, so frobenius stays exact
-            half = dims[-2] // 2
-            weights[-2][half:] = weights[-2][:half]
-            weights[-1][:, half:] = -weights[-1][:, :half]
+        weights = [w.clone() for w in draws]
         for l, w in enumerate(weights, start=1):
             if cfg.init_norm == "fan_in":
                 w *= g * net.base_std(l)
@@ -103,9 +117,16 @@ def init_params(
 ) -> Params:
     """Initial parameters of an ensemble: member e uses ``configs[e]`` and ``seeds[e]``.
 
-    Drawn in float64 on the CPU (identical on every device), then cast and moved.
+    Drawn in float64 on the CPU (identical on every device), then cast and moved; drawn
+    once per seed (members that differ in init scale or layer scales scale the same
+    draws, bit for bit as if each drew its own).
     """
-    per_member = [_member_weights(net, c, s) for c, s in zip(configs, seeds)]
+    draws: dict[int, list[torch.Tensor]] = {}  # seed -> draws: the members of a chunk share
+    # every model field but the member fields, and no member field changes what is drawn
+    per_member = [
+        _member_weights(net, c, draws.get(s) or draws.setdefault(s, _draws(net, c, s)))
+        for c, s in zip(configs, seeds)
+    ]
     weights = [
         torch.stack([m[l] for m in per_member]).to(device=device, dtype=dtype)
         for l in range(net.depth)

@@ -12,25 +12,29 @@ another launch are skipped or waited for, never trained twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline._driver import SweepOutcome, flops_estimate, run_chunks
+from phasesweep.pipeline._driver import SweepOutcome, run_chunks
 from phasesweep.pipeline._grid import (
     Chunk,
+    Grid,
     Point,
     axis_path,
     axis_values,
+    flops_per_step,
     grid_size,
-    iter_points,
-    make_chunks,
     member_bytes,
 )
-from phasesweep.pipeline._ray import connect, trial_slots
+from phasesweep.pipeline._plan import ChunkTask, expand_task, plan_chunks, plan_stored
+from phasesweep.pipeline._ray import connect
+from phasesweep.pipeline._resources import trial_resources
 from phasesweep.pipeline.spec import (
+    RunConfig,
     SpecError,
     SweepSpec,
     apply_override,
@@ -156,8 +160,9 @@ def check_relaunch(store: Store, spec: SweepSpec, extend: bool) -> None:
 @dataclass
 class Plan:
     """What a launch would do: the grid's size, what the store already holds, the chunks
-    to train. Only the points still to train are kept (a grid the store mostly holds
-    costs memory for what is left, not for the whole grid)."""
+    to train. Chunks are descriptors (:class:`~pipeline._plan.ChunkTask`, a few integers
+    each): a plan costs memory for its chunks, not for its points, and ``todo`` and
+    ``chunks`` expand them on request (O(points): for small grids and inspection)."""
 
     spec: SweepSpec
     raw: dict
@@ -165,25 +170,52 @@ class Plan:
     #: the spec file's leading comment block (kept with the stored spec: the report shows it)
     header: str
     total: int  # points of the grid (see grid.grid_size)
-    todo: list[Point]
-    chunks: list[Chunk]
+    grid: Grid
+    #: the chunks with points to train, as descriptors
+    tasks: list[ChunkTask]
+    #: points of the grid the store held when the plan was made
+    skipped: int
+    #: when the plan read the store (epoch seconds; see :func:`pipeline._driver.stored_reads`)
+    planned_at: float
+    #: the device memory one trial plans for (bytes): None for CPU trials
+    device_memory: int | None = None
 
     @property
-    def skipped(self) -> int:
-        """Points of the grid the store already holds."""
-        return self.total - len(self.todo)
+    def chunks(self) -> list[Chunk]:
+        """The chunks with their points (expanded from ``tasks``)."""
+        return [expand_task(self.grid, t) for t in self.tasks]
+
+    @property
+    def todo(self) -> list[Point]:
+        """The points still to train, in chunk order. Points the store held under chunks
+        of another layout are left out where the plan found them (see
+        :func:`~pipeline._plan.plan_stored`); otherwise read here."""
+        chunks = self.chunks
+        if sum(len(c.points) for c in chunks) + self.skipped == self.total:
+            return [p for c in chunks for p in c.points]
+        done = self.store.done_run_ids(self.spec.name)
+        return [p for c in chunks for p in c.points if p.run_id not in done]
+
+    @property
+    def to_train(self) -> int:
+        """Points still to train: the grid's points less those the store holds."""
+        return self.total - self.skipped
+
+    def group_config(self, task: ChunkTask) -> RunConfig:
+        """The config of a chunk's group (its shapes, steps and code paths)."""
+        return self.grid.group_config(task.group)
 
     @property
     def peak_bytes(self) -> int:
         """Estimated memory of the largest chunk (bytes)."""
-        return max(
-            (len(c.points) * member_bytes(c.points[0].config) for c in self.chunks), default=0
-        )
+        sized = {t.group: member_bytes(self.group_config(t)) for t in self.tasks}
+        return max((t.size * sized[t.group] for t in self.tasks), default=0)
 
     @property
     def flops(self) -> float:
         """Training FLOPs of the points still to train (forward + backward, all steps)."""
-        return flops_estimate(self.todo)
+        per = {t.group: flops_per_step(self.group_config(t)) for t in self.tasks}
+        return float(sum((t.size - t.stored_count) * per[t.group] * t.steps for t in self.tasks))
 
 
 def plan_sweep(
@@ -193,32 +225,31 @@ def plan_sweep(
     overrides: Sequence[str] = (),
     address: str | None = None,
     cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    device_memory: float | None = None,
     extend: bool = False,
 ) -> Plan:
-    """Expand the spec, skip the points ``store`` holds and pack the rest into chunks.
+    """Plan the spec's grid into chunks and skip what ``store`` holds.
 
-    ``address`` is only used to count the cluster's CPUs (at least one chunk per
+    ``address`` is only used to count the cluster's trial slots (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
+    With ``gpus_per_trial`` the chunks are sized for a GPU trial (see
+    :func:`~pipeline._grid.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
+    ``device_memory`` GiB where given (see :func:`pipeline._resources.trial_resources`).
     Writes nothing. The grid's size is checked against ``execution.max_points`` before
-    it is expanded. A spec that differs from the one stored for the same sweep name is
+    anything else. A spec that differs from the one stored for the same sweep name is
     refused (:func:`check_relaunch`; ``extend`` lets the grid grow).
     """
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
     check_relaunch(store, spec, extend)
+    grid = Grid(spec)
     total = grid_size(spec)
-    done = store.done_run_ids(spec.name)
-    # Chunks of the whole grid, less their stored points: a relaunch packs the same
-    # chunks (same ids), so it finds the checkpoints of a killed launch's chunks.
-    chunks = [
-        Chunk(c.chunk_id, left)
-        for c in make_chunks(
-            list(iter_points(spec)), spec, min_chunks=trial_slots(address, cpus_per_trial)
-        )
-        if (left := tuple(p for p in c.points if p.run_id not in done))
-    ]
-    todo = [p for c in chunks for p in c.points]
-    return Plan(spec, raw, store, _header(source), total, todo, chunks)
+    slots, memory = trial_resources(address, cpus_per_trial, gpus_per_trial, device_memory)
+    planned_at = time.time()
+    tasks = plan_chunks(grid, min_chunks=slots, device_memory=memory)
+    tasks, skipped = plan_stored(grid, tasks, store)
+    return Plan(spec, raw, store, _header(source), total, grid, tasks, skipped, planned_at, memory)
 
 
 def _header(source: SpecSource) -> str:
@@ -247,15 +278,17 @@ def execute(
 
     Nothing is written when the connection fails (:class:`SpecError` on ``--address``).
     """
-    if plan.chunks:
+    if plan.tasks:
         connect(address)
     plan.store.write_spec(plan.spec.name, plan.header + yaml.safe_dump(plan.raw, sort_keys=False))
     return run_chunks(
         plan.store,
         plan.spec.name,
-        plan.chunks,
+        plan.tasks,
         total=plan.total,
         skipped=plan.skipped,
+        grid=plan.grid,
+        planned_at=plan.planned_at,
         address=address,
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,

@@ -111,16 +111,3 @@ def disconnect() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-
-
-def trial_slots(address: str | None, cpus_per_trial: float) -> int:
-    """How many trials of ``cpus_per_trial`` CPUs run at once: on the cluster at
-    ``address`` or ``$RAY_ADDRESS`` (connecting to it), else on this machine."""
-    if cluster_address(address):
-        connect(address)  # first: it sets what Ray reads when first imported
-        import ray
-
-        cpus = ray.cluster_resources().get("CPU", 1)
-    else:
-        cpus = os.cpu_count() or 1
-    return max(1, int(cpus // cpus_per_trial))

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline._datasets import DataBatch, data_seed, make_dataset, stack
+from phasesweep.pipeline._datasets import DataBatch, data_seed, make_datasets, stack
 from phasesweep.pipeline._grid import Chunk, member_lr, step_rows
 from phasesweep.pipeline._init import init_params
 from phasesweep.pipeline._linear_step import LinearStep, linear_step_applies
@@ -126,7 +126,7 @@ class ChunkTrainer:
         E = len(self.configs)
         self.E = E
         self.batch: DataBatch = stack(
-            [make_dataset(c.data, data_seed(c.data, c.train.seed)) for c in self.configs],
+            make_datasets([(c.data, data_seed(c.data, c.train.seed)) for c in self.configs]),
             self.dtype,
             self.device,
         )

@@ -631,10 +631,11 @@ class MetricsConfig(Section):
 class ExecutionConfig(Section):
     """How grid points are packed into chunks: one chunk is one Ray trial, one ensemble."""
 
-    max_chunk_size: PositiveInt = Field(
-        1024,
+    max_chunk_size: PositiveInt | None = Field(
+        None,
         description=(
-            "most members in one chunk (one Ray trial); the memory budget may make it smaller."
+            "most members in one chunk (one Ray trial); the memory budget may make it smaller. "
+            "None: 1024 on the CPU; on a GPU as many as the memory budget holds."
         ),
     )
     max_points: PositiveInt = Field(
@@ -644,8 +645,13 @@ class ExecutionConfig(Section):
             " a typo such as ``seed: {range: [0, 1000000000]}`` is refused at once."
         ),
     )
-    memory_budget_mb: PositiveInt = Field(
-        1024, description="memory a chunk may use for parameters, gradients and activations, MiB."
+    memory_budget_mb: PositiveInt | None = Field(
+        None,
+        description=(
+            "memory a chunk may use for parameters, gradients and activations, MiB. None: 1024 "
+            "on the CPU; on a GPU half the trial's device memory (the card's memory times "
+            "--gpus-per-trial; stated for a dry run with --device-memory)."
+        ),
     )
     commit_every_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         300.0,

@@ -1,33 +1,47 @@
 """Claims: which trial trains which points right now, so that no point trains twice.
 
-Any number of launches of one sweep may run at once (on one machine or many). Before a
-trial trains, it claims its points in the store; it trains only the points it got,
-re-reads the store's done run ids after claiming, and releases its claims after its
-commit. Layout under the store root::
+Any number of launches of one sweep may run at once (on one machine or many), and they
+need not pack the grid into the same chunks (an extended grid, another chunk size or
+number of trials). Before a trial trains, it claims its points in the store; it trains
+only the points it got, re-reads which of them are stored after claiming, and releases
+its claim after its commit. A claim costs a few file operations per trial, whatever its
+number of points. Layout under the store root, per sweep and group (the points whose
+chunks share a group tag, :func:`pipeline._grid.group_tag`; a point is always claimed
+in its group)::
 
-    claims/sweep={name}/leases/{lease}.json    one per trial attempt: holder, expiry
-    claims/sweep={name}/points/{run_id}.{gen}  one per claim of a point; holds the lease id
+    claims/sweep={name}/group={tag}/lock.{gen}          the group's lock, generation gen
+    claims/sweep={name}/group={tag}/lease-{lease}.json  one per trial attempt: holder,
+                                                         expiry, the run ids it holds
+    claims/sweep={name}/group={tag}/revoked-{lease}     a lease taken over after it expired
 
 Protocol:
 
-- A lease is live while its file exists, its ``expires`` (UTC epoch seconds) is in the
-  future, and — when the holder runs on this host — its process is still alive (so a
-  SIGKILLed holder on this machine is taken over at once; elsewhere after the TTL). The
-  holder renews it every ``ttl / 3`` seconds (:class:`Renewer`) while it trains.
-- The owner of a point is the lease named by its claim of the highest generation. A
-  point is free when it has no claim or its owner's lease is dead. Claiming a free point
-  creates the next generation *exclusively*: a hard link of a complete temp file on a
-  local disk (fails if the name exists), a conditional PUT (``If-None-Match: *``) on S3.
-  Generations are created in order, so of two launches racing for a point exactly one
-  gets it.
-- Release deletes the holder's claim files (its own generation first, then the older
-  ones) and its lease. A relaunch finds nothing of a finished trial.
+- A lease is live while its file exists, no ``revoked-`` marker names it, its
+  ``expires`` (UTC epoch seconds) is in the future, and — when the holder runs on this
+  host — its process is still alive (so a SIGKILLed holder on this machine is taken
+  over at once; elsewhere after the TTL). The holder renews it every ``ttl / 3``
+  seconds (:class:`Renewer`) while it trains.
+- Claiming happens under the group's lock: the claimer reads every lease of the group,
+  takes the points of its request that no live lease holds, and writes its lease. Dead
+  leases it meets are revoked (marker first, then the file is removed), so that a holder
+  that only stalled learns it lost its points (:meth:`Lease.owned`) and cannot make its
+  lease live again by renewing it.
+- The lock is mutual exclusion by generations: the holder of the lock is the creator of
+  the highest ``lock.{gen}``, created exclusively (a hard link of a complete temp file on
+  a local disk, a conditional PUT ``If-None-Match: *`` on S3) after reading that the
+  previous generation was released or its holder dead. A creator that finds a higher
+  generation after creating its own (its listing was stale) backs off. The highest
+  generation is never removed (release rewrites it as released), so generations only
+  grow; older ones are removed by the next holder.
+- Release removes the lease and its marker. A relaunch finds only the group's released
+  lock file of a finished sweep.
 
 Limits: expiry compares wall clocks, so hosts' clocks must agree to well within the
 TTL. A holder that stalls longer than the TTL (e.g. a paused VM) can lose its points to
-another launch while still training; it checks ownership (:meth:`Lease.owned`) before
-committing and drops what it lost, so only a stall in the moment between that check and
-the commit can store a point twice — and the catalog shows the earliest copy of a run.
+another launch while still training; it checks :meth:`Lease.owned` before committing and
+drops them, so only a stall in the moment between that check and the commit can store a
+point twice — and the catalog shows the earliest copy of a run. Likewise a lock holder
+stalled past :data:`LOCK_TTL` inside its few-millisecond critical section.
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from fsspec import AbstractFileSystem
@@ -49,6 +63,16 @@ from phasesweep.storage._store import Store
 
 #: Default lease lifetime (seconds) without a renewal; overridable with ``$PHASESWEEP_LEASE_TTL``.
 LEASE_TTL = 60.0
+
+#: Lifetime (seconds) of a group lock whose holder does not release it: its holder only
+#: reads the group's leases and writes its own while it holds it.
+LOCK_TTL = 30.0
+
+#: Longest wait (seconds) for a group's lock before :meth:`Claims.acquire` gives up.
+LOCK_WAIT = 600.0
+
+#: The group of a claim made without one.
+ALL = "all"
 
 
 def lease_ttl() -> float:
@@ -103,6 +127,26 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     return True
 
 
+def _holder_body(holder: str, ttl: float, **extra: object) -> dict:
+    pid = os.getpid()
+    return {
+        "holder": holder,
+        "host": socket.gethostname(),
+        "pid": pid,
+        "pid_start": _process_start(pid),
+        "expires": time.time() + ttl,
+        **extra,
+    }
+
+
+def _alive(body: dict | None, now: float, host: str) -> bool:
+    """Whether a lease or lock body is live: unexpired, and its process alive where it
+    ran on this host."""
+    if not body or body.get("released") or body.get("expires", 0) <= now:
+        return False
+    return body.get("host") != host or _process_start(body["pid"]) == body.get("pid_start")
+
+
 @dataclass
 class Lease:
     """One trial attempt's lease on the points it claimed (see the module docstring)."""
@@ -110,134 +154,156 @@ class Lease:
     claims: Claims
     lease_id: str
     run_ids: set[str]
+    holder: str = ""
 
     def renew(self) -> None:
-        """Push the expiry ``ttl`` seconds into the future."""
-        self.claims._write_lease(self.lease_id)
+        """Push the expiry ``ttl`` seconds into the future, unless the lease was revoked."""
+        if not self.claims._revoked(self.lease_id):
+            self.claims._write_lease(self.lease_id, self.holder, self.run_ids)
 
     def owned(self) -> set[str]:
-        """The claimed run ids whose newest claim is still this lease's."""
-        current = self.claims._owners(self.run_ids)
-        return {r for r in self.run_ids if current.get(r, (None, None))[1] == self.lease_id}
+        """The claimed run ids this lease still holds: all of them, or none once it was
+        revoked (taken over after it expired)."""
+        return set() if self.claims._revoked(self.lease_id) else set(self.run_ids)
 
     def release(self) -> None:
-        """Delete this lease's claims (and older generations of them) and the lease."""
+        """Remove this lease and its revocation marker."""
         fs = self.claims.store.fs
-        for run_id, gens in self.claims._generations(self.run_ids).items():
-            mine = [
-                g for g in gens if self.claims._read(self.claims._point(run_id, g)) == self.lease_id
-            ]
-            if not mine:
-                continue
-            for g in sorted((g for g in gens if g <= max(mine)), reverse=True):
-                with contextlib.suppress(FileNotFoundError):
-                    fs.rm_file(self.claims._point(run_id, g))
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(self.claims.lease_path(self.lease_id))
+        for path in (self.claims.lease_path(self.lease_id), self.claims._marker(self.lease_id)):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)
 
 
 class Claims:
-    """The claims of one sweep in ``store``; ``ttl``: lease lifetime in seconds."""
+    """The claims of one sweep's group in ``store``; ``ttl``: lease lifetime in seconds.
 
-    def __init__(self, store: Store, sweep: str, ttl: float | None = None) -> None:
-        self.store, self.sweep = store, sweep
+    ``group``: the group tag of the points claimed (:func:`pipeline._grid.group_tag`);
+    every claim of a point must name the same group.
+    """
+
+    def __init__(
+        self, store: Store, sweep: str, ttl: float | None = None, group: str = ALL
+    ) -> None:
+        self.store, self.sweep, self.group = store, sweep, group
         self.ttl = lease_ttl() if ttl is None else ttl
-        self.dir = f"{store.root}/claims/sweep={sweep}"
+        self.dir = f"{store.root}/claims/sweep={sweep}/group={group}"
 
     def acquire(self, run_ids: Iterable[str], holder: str = "") -> tuple[Lease, set[str]]:
         """Claim the free points of ``run_ids`` under a new lease.
 
         Returns the lease (holding the points this call got) and the run ids that a
-        live lease of someone else holds (or that another launch claimed first).
-        ``holder``: free text stored in the lease (e.g. the launch and trial).
+        live lease of someone else holds. ``holder``: free text stored in the lease
+        (e.g. the launch and trial). Waits for the group's lock at most
+        :data:`LOCK_WAIT` seconds (``TimeoutError``).
         """
-        run_ids = list(dict.fromkeys(run_ids))
+        wanted = set(run_ids)
         lease_id = uuid.uuid4().hex[:16]
-        self._write_lease(lease_id, holder)
-        owners = self._owners(run_ids)
-        alive = self._alive({lid for _, lid in owners.values()})
-        got, busy = set(), set()
-        for run_id in run_ids:
-            gen, owner = owners.get(run_id, (-1, None))
-            if owner is not None and alive.get(owner, False):
-                busy.add(run_id)
-            elif create_exclusive(self.store.fs, self._point(run_id, gen + 1), lease_id.encode()):
-                got.add(run_id)
-            else:
-                busy.add(run_id)
-        return Lease(self, lease_id, got), busy
+        with self._locked():
+            held = self._held(clean=True)
+            busy = wanted & held
+            got = wanted - held
+            self._write_lease(lease_id, holder, got)
+        return Lease(self, lease_id, got, holder), busy
 
     def held(self, run_ids: Iterable[str]) -> set[str]:
         """The run ids of ``run_ids`` that a live lease holds right now."""
-        owners = self._owners(run_ids)
-        alive = self._alive({lid for _, lid in owners.values()})
-        return {r for r, (_, lid) in owners.items() if alive.get(lid, False)}
+        return set(run_ids) & self._held(clean=False)
 
     # -- files ------------------------------------------------------------------------
     def lease_path(self, lease_id: str) -> str:
-        """The store path of a lease's file (JSON: holder, host, pid, expiry)."""
-        return f"{self.dir}/leases/{lease_id}.json"
+        """The store path of a lease's file (JSON: holder, host, pid, expiry, run ids)."""
+        return f"{self.dir}/lease-{lease_id}.json"
 
-    def _point(self, run_id: str, gen: int) -> str:
-        return f"{self.dir}/points/{run_id}.{gen}"
+    def _marker(self, lease_id: str) -> str:
+        return f"{self.dir}/revoked-{lease_id}"
 
-    def _write_lease(self, lease_id: str, holder: str | None = None) -> None:
-        pid = os.getpid()
-        body = {
-            "holder": holder or "",
-            "host": socket.gethostname(),
-            "pid": pid,
-            "pid_start": _process_start(pid),
-            "expires": time.time() + self.ttl,
-        }
-        self.store.put(self.lease_path(lease_id), json.dumps(body).encode())
+    def _lock(self, gen: int) -> str:
+        return f"{self.dir}/lock.{gen}"
 
-    def _read(self, path: str) -> str | None:
+    def _names(self) -> list[str]:
         try:
-            return self.store.fs.cat_file(path).decode()
+            return [posixpath.basename(p) for p in self.store.fs.ls(self.dir, detail=False)]
         except FileNotFoundError:
+            return []
+
+    def _read_json(self, path: str) -> dict | None:
+        try:
+            return json.loads(self.store.fs.cat_file(path))
+        except (FileNotFoundError, ValueError):  # gone, or a torn write of a dead writer
             return None
 
-    def _generations(self, run_ids: Iterable[str]) -> dict[str, list[int]]:
-        """Claim generations present per run id (only run ids with claims)."""
-        wanted = set(run_ids)
-        try:
-            names = self.store.fs.ls(f"{self.dir}/points", detail=False)
-        except FileNotFoundError:
-            return {}
-        gens: dict[str, list[int]] = {}
-        for name in names:
-            run_id, _, gen = posixpath.basename(name).rpartition(".")
-            if run_id in wanted and gen.isdigit():
-                gens.setdefault(run_id, []).append(int(gen))
-        return gens
+    def _write_lease(self, lease_id: str, holder: str, run_ids: set[str]) -> None:
+        body = _holder_body(holder, self.ttl, run_ids=sorted(run_ids))
+        self.store.put(self.lease_path(lease_id), json.dumps(body).encode())
 
-    def _owners(self, run_ids: Iterable[str]) -> dict[str, tuple[int, str | None]]:
-        """Per claimed run id: its newest generation and the lease id that claim names."""
-        newest = {r: max(g) for r, g in self._generations(run_ids).items()}
-        paths = [self._point(r, g) for r, g in newest.items()]
-        out = {}
-        for (run_id, gen), blob in zip(newest.items(), self.store.read_files(paths), strict=True):
-            out[run_id] = (gen, blob.decode() if isinstance(blob, bytes) and blob else None)
-        return out
+    def _revoked(self, lease_id: str) -> bool:
+        return self.store.fs.exists(self._marker(lease_id))
 
-    def _alive(self, lease_ids: set[str | None]) -> dict[str, bool]:
-        """Which of ``lease_ids`` are live (see the module docstring)."""
-        ids = sorted(i for i in lease_ids if i)
-        blobs = self.store.read_files([self.lease_path(i) for i in ids])
+    def _held(self, clean: bool) -> set[str]:
+        """The run ids that live leases of the group hold. ``clean`` (under the lock):
+        revoke and remove the dead leases met on the way."""
+        names = self._names()
+        revoked = {n.removeprefix("revoked-") for n in names if n.startswith("revoked-")}
+        leases = [n[len("lease-") : -len(".json")] for n in names if n.startswith("lease-")]
+        paths = [self.lease_path(lid) for lid in leases]
         now, host = time.time(), socket.gethostname()
-        alive = {}
-        for lease_id, blob in zip(ids, blobs, strict=True):
-            blob = blob if isinstance(blob, bytes) else None  # gone or unreadable: not live
+        held: set[str] = set()
+        for lease_id, path, blob in zip(leases, paths, self.store.read_files(paths), strict=True):
             try:
-                body = json.loads(blob) if blob else None
+                body = json.loads(blob) if isinstance(blob, bytes) else None
             except ValueError:
                 body = None
-            ok = bool(body) and body["expires"] > now
-            if ok and body["host"] == host:
-                ok = _process_start(body["pid"]) == body["pid_start"]
-            alive[lease_id] = ok
-        return alive
+            if lease_id not in revoked and _alive(body, now, host):
+                held.update(body["run_ids"])
+            elif clean and not isinstance(blob, FileNotFoundError):
+                if lease_id not in revoked:
+                    self.store.put(self._marker(lease_id), b"")
+                with contextlib.suppress(FileNotFoundError):
+                    self.store.fs.rm_file(path)
+        return held
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the group's lock (see the module docstring) for the ``with`` block."""
+        gen = self._take_lock()
+        try:
+            yield
+        finally:
+            body = _holder_body("", 0.0, released=True)
+            self.store.put(self._lock(gen), json.dumps(body).encode())
+
+    def _take_lock(self) -> int:
+        deadline = time.monotonic() + LOCK_WAIT
+        pause = 0.005
+        while True:
+            gens = self._lock_gens()
+            top = gens[-1] if gens else -1
+            free = top < 0 or not _alive(
+                self._read_json(self._lock(top)), time.time(), socket.gethostname()
+            )
+            if free:
+                body = json.dumps(_holder_body(f"claims of {self.dir}", LOCK_TTL)).encode()
+                if create_exclusive(self.store.fs, self._lock(top + 1), body):
+                    if max(self._lock_gens()) == top + 1:
+                        for old in gens[:-1]:  # the previous holder's stays: it may be reading it
+                            with contextlib.suppress(FileNotFoundError):
+                                self.store.fs.rm_file(self._lock(old))
+                        return top + 1
+                    # a stale listing: someone holds a newer generation; ours never held
+                    released = json.dumps(_holder_body("", 0.0, released=True)).encode()
+                    self.store.put(self._lock(top + 1), released)
+                    continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no lock on {self.dir} within {LOCK_WAIT:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    def _lock_gens(self) -> list[int]:
+        return sorted(
+            int(n[len("lock.") :])
+            for n in self._names()
+            if n.startswith("lock.") and n[len("lock.") :].isdigit()
+        )
 
 
 class Renewer:

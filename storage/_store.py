@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import math
 import os
 import posixpath
 import re
 import struct
 import uuid
 import warnings
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -273,13 +275,63 @@ class Store:
         return self._done_run_ids(sweep)
 
     def _done_run_ids(self, sweep: str) -> set[str]:
-        paths = self.readable_files("runs", sweep)
-        if not paths:
+        return set(self._done(self.readable_files("runs", sweep), ["run_id"])["run_id"].to_pylist())
+
+    def done_rows(self, sweep: str) -> pa.Table:
+        """``run_id`` and ``chunk_id`` of the sweep's done runs (see ``done_run_ids``), one
+        row per run id (the earliest file's where a run was stored twice): what a plan
+        reads to skip the chunks the store holds. Columns are read, not rows built."""
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):  # removed by a compaction meanwhile
+                table = self._done(self.readable_files("runs", sweep), ["run_id", "chunk_id"])
+                break
+        else:
+            table = self._done(self.readable_files("runs", sweep), ["run_id", "chunk_id"])
+        if table.num_rows == 0:
+            return table
+        first = pc.index_in(table.column("run_id").unique(), table.column("run_id"))
+        return table.take(first)
+
+    def done_among(
+        self,
+        sweep: str,
+        run_ids: Collection[str],
+        select: Callable[[str | None, float], bool],
+    ) -> set[str]:
+        """The run ids of ``run_ids`` that are done (see ``done_run_ids``), reading only
+        the sweep's ``runs`` files that ``select(chunk_id, mtime)`` picks: ``chunk_id`` of
+        a file named ``part-{chunk_id}-{attempt}.parquet`` (None for other names, e.g.
+        compacted files), ``mtime`` its modification time (epoch seconds). One listing of
+        the folder; only the picked files are checked for damage and read, with the
+        run ids as a filter. What a trial reads to skip its stored points."""
+        if not run_ids:
             return set()
-        dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
-        status = ds.field("status")
-        done = dataset.to_table(columns=["run_id"], filter=status.is_null() | (status != "failed"))
+        for _ in range(4):
+            with contextlib.suppress(FileNotFoundError):  # removed by a compaction meanwhile
+                return self._done_among(sweep, run_ids, select)
+        return self._done_among(sweep, run_ids, select)
+
+    def _done_among(self, sweep, run_ids, select) -> set[str]:  # noqa: ANN001
+        check_sweep(sweep)
+        listing = {
+            path: info
+            for path, info in self._listing("runs", sweep).items()
+            if select(chunk_of(path), _mtime(info))
+        }
+        good, bad = self._check_parquet(listing)
+        _warn(bad)
+        wanted = pa.array(list(run_ids), pa.string())
+        done = self._done(good, ["run_id"], ds.field("run_id").isin(wanted))
         return set(done.column("run_id").to_pylist())
+
+    def _done(self, paths: list[str], columns: list[str], where=None) -> pa.Table:  # noqa: ANN001
+        """``columns`` of the done rows (status not 'failed') of the ``runs`` files ``paths``."""
+        if not paths:
+            return pa.table({c: pa.array([], pa.string()) for c in columns})
+        status = ds.field("status")
+        done = status.is_null() | (status != "failed")
+        dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
+        return dataset.to_table(columns=columns, filter=done if where is None else done & where)
 
     def write_chunk(self, sweep: str, chunk_id: str, tables: dict[str, pa.Table]) -> None:
         """Commit one attempt of a chunk: its ``trajectories``, ``layers`` and ``runs`` rows.
@@ -455,6 +507,25 @@ def check_sweep(sweep: str) -> None:
     """``ValueError`` unless ``sweep`` is a valid sweep name."""
     if not SWEEP_NAME.fullmatch(sweep):
         raise ValueError(f"sweep name {sweep!r} must match {SWEEP_NAME.pattern}")
+
+
+def chunk_of(path: str) -> str | None:
+    """The chunk id of a table file named ``part-{chunk_id}-{attempt}.parquet`` (as
+    ``write_chunk`` names them), else None (e.g. a compacted file)."""
+    name = posixpath.basename(path)
+    if not (name.startswith("part-") and name.endswith(".parquet")):
+        return None
+    chunk, sep, _ = name[len("part-") : -len(".parquet")].rpartition("-")
+    return chunk if sep and chunk else None
+
+
+def _mtime(info: dict) -> float:
+    """Modification time (epoch seconds) from an fsspec listing entry (local or S3); inf
+    where the entry has none (a reader that skips old files then reads it)."""
+    value = info.get("mtime", info.get("LastModified", info.get("last_modified")))
+    if value is None:
+        return math.inf
+    return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
 
 def _sweep_of(path: str) -> str:

@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 from phasesweep.pipeline._driver import HOLD_ENV, PROGRESS_EVERY
-from phasesweep.pipeline._grid import expand
+from phasesweep.pipeline._grid import expand, group_tag
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.storage.schema import log_steps, to_table
 
@@ -279,7 +279,8 @@ def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path
     spec = tiny_spec()
     points = tuple(expand(load_spec(spec)[0]))
     chunk = Chunk("c", points)
-    other, _ = Claims(store, "tiny").acquire([p.run_id for p in points[:2]])  # another launch
+    group = group_tag(points[0].config)  # claims are per group of shapes
+    other, _ = Claims(store, "tiny", group=group).acquire([p.run_id for p in points[:2]])
     first = train_and_store(store.uri, "tiny", chunk, "cpu")
     assert (first["points"], first["busy"], first["skipped"]) == (4, 2, 0)
     assert set(_raw(Path(store.root), "runs", "tiny").run_id) == {p.run_id for p in points[2:]}
@@ -299,7 +300,8 @@ def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go
     spec = tiny_spec()
     points = expand(load_spec(spec)[0])
     held = {p.run_id for p in points[:2]}
-    lease, _ = Claims(Store.open(str(store)), "tiny").acquire(held)  # a live other launch
+    claims = Claims(Store.open(str(store)), "tiny", group=group_tag(points[0].config))
+    lease, _ = claims.acquire(held)  # a live other launch
     with Renewer(lease):
         proc = phasesweep_cli(
             ["run", str(spec), "--store", str(store), "--no-progress"],
