@@ -414,7 +414,10 @@ class Grid:
     their product, last axis fastest. The axes over :data:`MEMBER_FIELDS` are *member*
     axes, the others *split* axes: the points that share their split-axis values (a
     *group*) share every tensor shape and code path and may train as one ensemble; a
-    group's members are the product of the member axes, in grid order.
+    group's members are the product of the member axes, the seed axes outermost and the
+    others in grid order: members that share a seed, and with it their data and initial
+    draws, stay together in a chunk, which makes those once (the grid's order and its
+    points are the same whatever the member order).
 
     Built from a validated spec: the grid's size is checked against
     ``execution.max_points`` before any value is computed, small sections are validated
@@ -435,9 +438,15 @@ class Grid:
         self._sections = [(s, options[s], tuple(by_section[s])) for s in _SECTIONS]
         member_paths = {f"{sec}.{name}" for sec, name in MEMBER_FIELDS}
         is_member = [".".join(a.path.split(".")[:2]) in member_paths for a in self.axes]
-        #: positions (in ``axes``) of the split axes and of the member axes
+        #: positions (in ``axes``) of the split axes and of the member axes, the seed axes
+        #: first (see :data:`SEED_PATHS`)
         self.split = tuple(i for i, m in enumerate(is_member) if not m)
-        self.member = tuple(i for i, m in enumerate(is_member) if m)
+        self.member = tuple(
+            sorted(
+                (i for i, m in enumerate(is_member) if m),
+                key=lambda i: self.axes[i].path not in SEED_PATHS,
+            )
+        )
         self.split_sizes = tuple(len(self.axes[i].values) for i in self.split)
         self.member_sizes = tuple(len(self.axes[i].values) for i in self.member)
         #: points of one group (repeats included)
@@ -509,7 +518,7 @@ class Grid:
         build: Callable[[Sequence[int]], T] | None = None,
     ) -> Iterator[tuple[int, T]]:
         """(offset from ``start``, ``build(idx)``) of the group's members ``[start, stop)``
-        in grid order: O(1) to reach ``start``, O(1) a member. ``build``: :meth:`point`
+        in member order: O(1) to reach ``start``, O(1) a member. ``build``: :meth:`point`
         (the default) or :meth:`run_id`; None for a repeat."""
         build = self.point if build is None else build
         stop = self.members if stop is None else stop
@@ -538,6 +547,10 @@ class Grid:
         models = [opt.get(tuple(idx[i] for i in pos))[0] for _, opt, pos in self._sections]
         return RunConfig.model_construct(**dict(zip(_SECTIONS, models)))
 
+
+#: Member axes that pick a member's random draws (data, initial weights, minibatches):
+#: outermost in a group's member order.
+SEED_PATHS = ("train.seed", "data.seed")
 
 #: The fields :func:`member_lr` reads besides ``train.lr_scaling.*``.
 _LR_PATHS = {"train.lr", "model.init_scale", "model.width", "model.depth"}

@@ -63,14 +63,21 @@ def test_every_point_is_in_exactly_one_chunk_with_todays_run_ids(grid, max_chunk
     assert len(tasks) >= min(min_chunks, len(points))
 
 
-def test_chunks_follow_grid_order_within_a_group():
-    spec = _spec({"init_scale": [0.5, 1.0, 2.0], "width": [8, 16], "seed": [0, 1, 2, 3]})
+def test_a_groups_members_go_seed_first_then_in_grid_order():
+    """Members that share a seed (their data and initial draws) are neighbours, so a chunk
+    makes those once; the other member axes keep the grid's order."""
+    spec = _spec({"init_scale": [0.5, 1.0, 2.0], "width": [8, 16], "seed": [3, 1, 2, 0]})
     g = Grid(spec)
     tasks = plan_chunks(g, min_chunks=6)
-    in_order = [p.run_id for p in expand(spec)]
+    in_order = expand(spec)
+    seeds = [3, 1, 2, 0]
     for width in (8, 16):
         got = [p.run_id for p in _points_of(g, tasks) if p.config.model.width == width]
-        assert got == [r for r in in_order if r in set(got)]
+        want = sorted(
+            (p for p in in_order if p.config.model.width == width),
+            key=lambda p: seeds.index(p.config.train.seed),  # stable: grid order within
+        )
+        assert got == [p.run_id for p in want]
 
 
 def test_chunk_ids_are_stable_and_name_their_members():
