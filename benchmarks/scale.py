@@ -28,6 +28,7 @@ whole processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -87,10 +88,8 @@ def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, flo
         except psutil.NoSuchProcess:
             break
         for p in tree:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
         peak = max(peak, total)
         time.sleep(0.2)
     out, err = proc.communicate()
