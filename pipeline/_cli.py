@@ -78,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         "launch a sweep (skips the points the store already holds)",
         "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
-        "  phasesweep run sweeps/quickstart.yaml --set train.steps=500 --set grid.width=[64,256]\n"
+        "  phasesweep run sweeps/quickstart.yaml --set 'grid.width=[64,256]'    # a part of its grid\n"
+        "  phasesweep run sweeps/quickstart.yaml --set 'grid.seed=[5,6]' --extend  # more seeds\n"
+        "  phasesweep run sweeps/quickstart.yaml --set name=quickstart_short --set train.steps=300 "
+        "--set analysis.at_time=150  # another config: a sweep of its own\n"
         "  phasesweep run sweeps/saddle_escape.yaml --address auto --store s3://bucket/ps",
     )
     run.add_argument("spec", type=Path, metavar="SPEC.yaml", help="the sweep spec (YAML)")
@@ -128,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--extend",
         action="store_true",
-        help="add new grid values to a stored sweep (its base config must stay the same)",
+        help="train grid values that a stored sweep lacks as part of it (its base config "
+        "stays the same; the stored grid takes the values of both)",
     )
 
     status = _subcommand(
