@@ -559,7 +559,7 @@ def _isnan(v: object) -> bool:
 def cmd_verify(args: argparse.Namespace) -> int:
     from phasesweep.storage._maintenance import verify
 
-    store = _open_store(args.store)
+    store = _open_store(args.store, must_exist=True)
     report = _maintain(verify, store, args.sweep, repair=args.repair)
     for line in report.problems:
         print(f"problem: {line}")
@@ -573,7 +573,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     from phasesweep.storage._maintenance import compact
 
-    store = _open_store(args.store)
+    store = _open_store(args.store, must_exist=True)
     report = _maintain(compact, store, args.sweep)
     for line in report.actions:
         print(line)
@@ -583,15 +583,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> object:
-    """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error (exit 2)."""
+    """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error and a sweep
+    the store does not hold an unknown one (exit 2 both)."""
     from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage._maintenance import known_sweeps
     from phasesweep.storage._store import check_sweep
+
+    from phasesweep._api import UnknownSweepError
 
     if sweep is not None:
         try:
             check_sweep(sweep)
         except ValueError as e:
             raise SpecError("SWEEP", sweep, str(e), what="argument") from None
+        known = known_sweeps(store)
+        if sweep not in known:
+            raise UnknownSweepError(sweep, store.uri, known)
     return func(store, sweep, **kwargs)
 
 

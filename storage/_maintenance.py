@@ -81,12 +81,13 @@ def verify(
     """
     store = as_store(store)
     report = Report()
-    for name in [sweep] if sweep is not None else _all_sweeps(store):
+    for name in [sweep] if sweep is not None else known_sweeps(store):
         _verify_sweep(store, name, repair, min_age_s, report)
     return report
 
 
-def _all_sweeps(store: Store) -> list[str]:
+def known_sweeps(store: Store) -> list[str]:
+    """Sorted names of the sweeps with a spec or any file (damaged ones included)."""
     names = set(store.sweeps())
     for table in schema.CHUNK_TABLES:
         names.update(_sweep_of(p) for p in store.files(table))

@@ -120,6 +120,23 @@ def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
     assert proc.returncode == 2 and "SWEEP" in err and "Traceback" not in err
 
 
+def test_verify_and_compact_of_an_unknown_sweep_or_store_exit_2(
+    tmp_path, store_make_chunk, phasesweep_cli
+):
+    store = Store.open(str(tmp_path / "store"))
+    _fill(store, store_make_chunk)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for command in ("verify", "compact"):
+        proc = phasesweep_cli([command, "nope", "--store", store.root])
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (out, err)
+        assert "no sweep 'nope'" in err and "it holds: a, b" in err and len(err.splitlines()) == 1
+        proc = phasesweep_cli([command, "--store", str(tmp_path / "typo")])
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and "no store there" in err, err
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
+
+
 def _orphan_and_leftovers(store: Store, make, monkeypatch) -> None:
     """In sweep b: an attempt killed before its commit, a writer's temp file, a lost entry."""
     real_put = store_mod.put_atomic
