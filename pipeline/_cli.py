@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair",
         action="store_true",
         help="quarantine unreadable files, drop orphans and leftover temp files, "
-        "rewrite missing or wrong manifest entries",
+        "rewrite missing or wrong manifest entries, and take runs whose rows are lost out "
+        "of their commit (quarantined as it was), so a relaunch trains them again",
     )
 
     compact = _subcommand(
