@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from datetime import datetime, timezone
@@ -97,13 +98,49 @@ def test_readers_skip_and_report_damaged_files(tmp_path, store_make_chunk, phase
     with pytest.warns(DamagedFileWarning):
         assert run_query(store, "SELECT count(*) AS n FROM runs")[1] == [(10,)]
 
-    # status and query in their own processes: exit 0, damage named on stderr
-    for args in (["status"], ["status", "b"], ["query", "SELECT count(*) FROM manifest"]):
-        proc = phasesweep_cli([*args, "--store", str(tmp_path)])
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        assert "Traceback" not in err and os.path.basename(bad["zero"]) in err
-    assert out.split()[-3:] == ["5", "(1", "row)"]  # 6 entries, one of them damaged
+
+def _cli(phasesweep_cli, *args: str) -> tuple[int, str, str]:
+    proc = phasesweep_cli(list(args))
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def test_status_and_query_say_what_damage_leaves_out_in_one_line(
+    tmp_path, store_make_chunk, phasesweep_cli
+):
+    """What the user sees: one line on stderr naming the files and the fix, no Python
+    warning; status exits 1; a query that reads a damaged table gives no answer (exit 1)
+    unless --allow-partial; one that does not read it answers as usual."""
+    store = Store.open(str(tmp_path))
+    _fill(store, store_make_chunk)
+    bad = _damage(store)  # runs of a, trajectories of a, a manifest entry of b
+    at = ["--store", str(tmp_path)]
+
+    def one_line(err: str, *paths: str) -> None:
+        assert len(err.splitlines()) == 1, err
+        assert "Warning" not in err and "Traceback" not in err, err
+        assert all(p in err for p in paths) and "phasesweep verify --repair" in err, err
+
+    code, out, err = _cli(phasesweep_cli, "status", *at)
+    assert code == 1 and "completed" in out
+    one_line(err, *bad.values())
+    code, out, err = _cli(phasesweep_cli, "status", "b", *at)
+    assert code == 1 and re.search(r"b\s+completed\s+6\n", out)  # b's runs files are whole
+    one_line(err, bad["entry"])
+
+    sql = "SELECT sweep, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY 1"
+    code, out, err = _cli(phasesweep_cli, "query", sql, *at)
+    assert code == 1 and out == ""
+    one_line(err, bad["zero"], bad["truncated"])  # trajectories shows committed runs only
+    assert "--allow-partial" in err and bad["entry"] not in err
+    code, out, err = _cli(phasesweep_cli, "query", sql, *at, "--allow-partial", "--format", "csv")
+    assert code == 0 and out.splitlines() == ["sweep,n", "a,8", "b,24"]
+    one_line(err, bad["zero"], bad["truncated"])
+    code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM manifest", *at)
+    assert code == 1 and out == ""
+    one_line(err, bad["entry"])
+    code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM summaries", *at)
+    assert code == 0 and err == "" and out.split()[-3:] == ["0", "(1", "row)"]
 
 
 def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
