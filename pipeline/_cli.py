@@ -184,7 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("table", "csv", "json"),
         default="table",
         help="table: aligned, wide cells clipped, row count last (default); "
-        "csv: header and \\n line ends, lists as JSON; json: an array of objects, NaN as null",
+        "csv: header and \\n line ends, lists as JSON; json: an array of objects, NaN as null "
+        "(csv and json: every row)",
+    )
+    query.add_argument(
+        "--max-rows",
+        type=_bounded(int, 0, strict=False),
+        default=None,
+        metavar="N",
+        help="table: rows shown of a longer result, the first and last N/2, 0 for all "
+        "(default: 40)",
     )
 
     for name, help_, example in (
@@ -553,12 +562,15 @@ def cmd_query(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    names = table.column_names
-    rows = list(zip(*(column.to_pylist() for column in table.columns)))
-    write = {"csv": _format.write_csv, "json": _format.write_json}.get(
-        args.format, _format.write_table
-    )
-    write(names, rows, sys.stdout)
+    rows = _format.ArrowRows(table)
+    if args.format == "csv":
+        _format.write_csv(table.column_names, rows, sys.stdout)
+    elif args.format == "json":
+        _format.write_json(table.column_names, rows, sys.stdout)
+    else:
+        max_rows = _format.MAX_ROWS if args.max_rows is None else args.max_rows
+        more = "; --max-rows 0 shows all, --format csv|json gives all"
+        _format.write_table(table.column_names, rows, sys.stdout, max_rows=max_rows, more=more)
     if missing:
         print(_damage_line(missing, "a partial answer: it leaves out what is in"), file=sys.stderr)
     return EXIT_OK
