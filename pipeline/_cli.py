@@ -135,7 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="retries of a failed trial before its points are stored as failed (default: 2)",
     )
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress display (by default a bar on a terminal, a widget in a notebook, "
+        "else a line every $PHASESWEEP_PROGRESS_EVERY seconds, 30 if unset)",
+    )
     run.add_argument(
         "--extend",
         action="store_true",

@@ -311,15 +311,34 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
-def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec, phasesweep_cli):
+def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
+    tmp_path, tiny_spec, phasesweep_cli
+):
+    """Off a terminal: a line now and then ($PHASESWEEP_PROGRESS_EVERY seconds), never a
+    carriage return; lines during the chunks show member-steps moving, the rate and the
+    ETA ("?" before a rate is measured); the last says what was done in what time."""
     store = tmp_path / "store"
-    spec = tiny_spec()
-    proc = phasesweep_cli(["run", str(spec), "--store", str(store)])
+    spec = tiny_spec({"train.steps": 20000})  # chunks of several seconds
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(store)], env_extra={"PHASESWEEP_PROGRESS_EVERY": "1"}
+    )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert (
-        "6/6 points" in err and "member-steps/s" in err and "<00:00" in err
-    )  # done/total, rate, ETA
+    assert "\r" not in err
+    line = re.compile(
+        r"tiny: (\d)/6 points +\d+% (\S+)/120k member-steps "
+        r"\[\d\d:\d\d<(\?|\d\d:\d\d), (\?|[0-9.]+k?) member-steps/s\]"
+    )
+    during = [m.groups() for m in map(line.fullmatch, err.splitlines()) if m]
+    assert len(during) >= 2, err
+    assert any(steps not in ("0", "0.00") and done != "6" for done, steps, _, _ in during), err
+    assert all((eta == "?") == (rate == "?") for *_, eta, rate in during)  # no ETA, no rate
+    assert any(rate != "?" for *_, rate in during), err
+    assert re.search(
+        r"^tiny: 6/6 points 100% 120k/120k member-steps in \d\d:\d\d, [0-9.]+k? member-steps/s$",
+        err,
+        re.M,
+    ), err
     assert (
         "Configuration for experiment" not in err and "Trial status" not in err
     )  # Tune's tables stay off
