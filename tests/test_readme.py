@@ -151,10 +151,10 @@ def test_the_run_help_examples_are_accepted_after_the_quickstart(
     for args in examples:
         assert main([*args, "--dry-run"]) == 0, (args, capsys.readouterr().err)
     out = capsys.readouterr().out.splitlines()
-    plans = [line for line in out if line.startswith("sweep ")]
+    plans = [line.split(" in ")[0] for line in out if line.startswith("sweep ")]
     assert plans == [
-        "sweep quickstart: 100 points, 100 already stored, 0 to train in 0 chunks",
-        "sweep quickstart: 50 points, 50 already stored, 0 to train in 0 chunks",
-        "sweep quickstart: 40 points, 0 already stored, 40 to train in 4 chunks",
-        "sweep quickstart_short: 100 points, 0 already stored, 100 to train in 4 chunks",
+        "sweep quickstart: 100 points, 100 already stored, 0 to train",
+        "sweep quickstart: 50 points, 50 already stored, 0 to train",
+        "sweep quickstart: 40 points, 0 already stored, 40 to train",
+        "sweep quickstart_short: 100 points, 0 already stored, 100 to train",
     ]
