@@ -166,8 +166,7 @@ def plan(
     sized for GPU trials: ``device_memory`` (GiB of one GPU; default
     ``$PHASESWEEP_DEVICE_MEMORY``, else measured on the GPU) lets a machine without one
     plan for it. The spec's ``plots:`` are checked too, so a typo fails before a launch.
-    A spec that differs from the one stored under its name is refused unless ``extend``
-    and it only adds grid values (see :func:`run`).
+    The relaunch rules of :func:`run` apply.
     """
     from phasesweep.pipeline._launch import plan_sweep
 
@@ -211,9 +210,13 @@ def run(
     :class:`~phasesweep.SweepOutcome` (``trained``, ``diverged``,
     ``skipped``, ``failed`` run ids, ``errors``).
 
-    A spec that differs from the one stored under its name is refused
-    (:class:`SpecError` listing the changes); ``extend=True`` accepts one that only adds
-    values to the grid axes. The spec's ``plots:`` are checked before anything is written.
+    Relaunch: a spec whose grid is a part of the one stored under its name (same base
+    config; ``execution`` may change) trains what the store lacks of it and leaves the
+    stored spec's grid whole. One that adds grid values needs ``extend=True`` (the
+    stored grid then takes the values of both, so :func:`status` counts against it);
+    any other change is refused (:class:`SpecError` listing the changes and naming a
+    free sweep name: ``overrides=["name=NEW"]`` runs it as a sweep of its own). The
+    spec's ``plots:`` are checked before anything is written.
 
     Concurrency: the embedded Ray stays up in this process after the call (later calls
     reuse it; ``ray.shutdown()`` ends it). Any number of launches of one sweep may run at

@@ -1,7 +1,8 @@
 """The ``phasesweep`` command line: a thin layer over the Python API (:mod:`phasesweep`).
 
 Exit codes: 0 all points done (a diverged run is done); 1 some points failed
-after retries; 2 invalid spec, arguments, SQL or store, or an unknown sweep — one
+after retries, or problems in the store (``verify``; damaged files under ``status`` or
+``query``); 2 invalid spec, arguments, SQL or store, or an unknown sweep — one
 line that names the key and the value, and nothing is written to the store;
 3 an unexpected error (a bug or the environment: one line, ``--debug`` shows the
 traceback); 130 interrupted.
@@ -10,16 +11,22 @@ traceback); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import math
 import re
 import sys
 import traceback
 import urllib.parse
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from phasesweep.pipeline.spec import excerpt
+
+if TYPE_CHECKING:
+    from phasesweep.storage._store import Damage
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNEXPECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -63,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
         '  phasesweep query "SELECT status, count(*) FROM runs GROUP BY ALL"\n'
         "  phasesweep SUBCOMMAND --help\n\n"
-        "exit codes: 0 done; 1 some points failed after retries; 2 invalid spec, "
+        "exit codes: 0 done; 1 some points failed after retries, or problems in the store "
+        "(verify; damaged files under status or query); 2 invalid spec, "
         "arguments, SQL or store; 3 unexpected error; 130 interrupted",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         "launch a sweep (skips the points the store already holds)",
         "  phasesweep run sweeps/quickstart.yaml --dry-run\n"
-        "  phasesweep run sweeps/quickstart.yaml --set train.steps=500 --set grid.width=[64,256]\n"
+        "  phasesweep run sweeps/quickstart.yaml --set 'grid.width=[64,256]'    # a part of its grid\n"
+        "  phasesweep run sweeps/quickstart.yaml --set 'grid.seed=[5,6]' --extend  # more seeds\n"
+        "  phasesweep run sweeps/quickstart.yaml --set name=quickstart_short --set train.steps=300 "
+        "--set analysis.at_time=150  # another config: a sweep of its own\n"
         "  phasesweep run sweeps/saddle_escape.yaml --address auto --store s3://bucket/ps",
     )
     run.add_argument("spec", type=Path, metavar="SPEC.yaml", help="the sweep spec (YAML)")
@@ -133,11 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="retries of a failed trial before its points are stored as failed (default: 2)",
     )
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress display (by default a bar on a terminal, a widget in a notebook, "
+        "else a line every $PHASESWEEP_PROGRESS_EVERY seconds, 30 if unset)",
+    )
     run.add_argument(
         "--extend",
         action="store_true",
-        help="add new grid values to a stored sweep (its base config must stay the same)",
+        help="train grid values that a stored sweep lacks as part of it (its base config "
+        "stays the same; the stored grid takes the values of both)",
     )
 
     status = _subcommand(
@@ -171,11 +188,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_arg(query)
     query.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="answer from the files that can be read when some the query reads are damaged "
+        "(default: no answer, exit 1; `phasesweep verify --repair` fixes the store)",
+    )
+    query.add_argument(
         "--format",
         choices=("table", "csv", "json"),
         default="table",
         help="table: aligned, wide cells clipped, row count last (default); "
-        "csv: header and \\n line ends, lists as JSON; json: an array of objects, NaN as null",
+        "csv: header and \\n line ends, lists as JSON; json: an array of objects, NaN as null "
+        "(csv and json: every row)",
+    )
+    query.add_argument(
+        "--max-rows",
+        type=_bounded(int, 0, strict=False),
+        default=None,
+        metavar="N",
+        help="table: rows shown of a longer result, the first and last N/2, 0 for all "
+        "(default: 40)",
     )
 
     for name, help_, example in (
@@ -250,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--repair",
         action="store_true",
         help="quarantine unreadable files, drop orphans and leftover temp files, "
-        "rewrite missing or wrong manifest entries",
+        "rewrite missing or wrong manifest entries, and take runs whose rows are lost out "
+        "of their commit (quarantined as it was), so a relaunch trains them again",
     )
 
     compact = _subcommand(
@@ -455,16 +488,57 @@ def cmd_status(args: argparse.Namespace) -> int:
     from phasesweep import _api
     from phasesweep._format import write_table
 
-    status = _api.status(args.sweep, _open_store(args.store, must_exist=True))
+    store = _open_store(args.store, must_exist=True)
+    with _skipped_files():  # said below, with the damage the counts do not read
+        status = _api.status(args.sweep, store)
     if not status.counts:
         print("no runs stored" + (f" for sweep {args.sweep}" if args.sweep else ""))
-        return EXIT_OK
-    write_table(["sweep", "status", "runs"], status.counts, sys.stdout)
+    else:
+        write_table(["sweep", "status", "runs"], status.counts, sys.stdout)
     if status.total is not None:
         print(
             f"{status.done} of {status.total} points done, {status.total - status.done} remaining"
         )
+    damaged = store.damaged_files(args.sweep)
+    if damaged:
+        print(_damage_line(damaged, "the counts leave out what is in"), file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _skipped_files() -> Iterator[dict[str, Damage]]:
+    """The store files readers skip as damaged while the block runs (path → its
+    :class:`Damage`), collected instead of shown as Python warnings."""
+    from phasesweep.storage import DamagedFileWarning
+
+    skipped: dict[str, Damage] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DamagedFileWarning)
+        show = warnings.showwarning
+
+        def collect(message, category, *args, **kwargs) -> None:  # noqa: ANN001
+            if isinstance(message, DamagedFileWarning) and message.damage is not None:
+                skipped[message.damage.path] = message.damage
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = collect
+        yield skipped
+
+
+def _damage_line(damage: Iterable[Damage], what: str, more: str = "") -> str:
+    """One line for damaged store files: ``what`` they cost, which (the first three) and
+    the fix."""
+    files = sorted(damage, key=lambda d: d.path)
+    named = "; ".join(f"{d.path} ({d.reason})" for d in files[:3])
+    if len(files) > 3:
+        named += f"; and {len(files) - 3} more"
+    s = "" if len(files) == 1 else "s"
+    return (
+        f"phasesweep: {what} {len(files)} damaged store file{s}: {named}; "
+        f"`phasesweep verify --repair` fixes the store{more}"
+    )
 
 
 class _SqlError(Exception):
@@ -494,21 +568,40 @@ def _read_sql(args: argparse.Namespace) -> str:
 
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
+    from phasesweep.storage._catalog import tables_read
 
     from phasesweep import _api, _format
 
     sql = _read_sql(args)
     store = _open_store(args.store, must_exist=True)
     try:
-        table = _api.arrow_table(sql, store)
+        with _skipped_files() as skipped:
+            table = _api.arrow_table(sql, store)
     except duckdb.Error as e:
         raise _SqlError(f"SQL error: {_paragraph(e)}") from e
-    names = table.column_names
-    rows = list(zip(*(column.to_pylist() for column in table.columns)))
-    write = {"csv": _format.write_csv, "json": _format.write_json}.get(
-        args.format, _format.write_table
-    )
-    write(names, rows, sys.stdout)
+    read = tables_read(sql)
+    missing = [d for d in skipped.values() if store.relative(d.path).split("/")[0] in read]
+    if missing and not args.allow_partial:
+        print(
+            _damage_line(
+                missing,
+                "no answer: it would leave out what is in",
+                ", --allow-partial answers from the rest",
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    rows = _format.ArrowRows(table)
+    if args.format == "csv":
+        _format.write_csv(table.column_names, rows, sys.stdout)
+    elif args.format == "json":
+        _format.write_json(table.column_names, rows, sys.stdout)
+    else:
+        max_rows = _format.MAX_ROWS if args.max_rows is None else args.max_rows
+        more = "; --max-rows 0 shows all, --format csv|json gives all"
+        _format.write_table(table.column_names, rows, sys.stdout, max_rows=max_rows, more=more)
+    if missing:
+        print(_damage_line(missing, "a partial answer: it leaves out what is in"), file=sys.stderr)
     return EXIT_OK
 
 
@@ -579,7 +672,7 @@ def _isnan(v: object) -> bool:
 def cmd_verify(args: argparse.Namespace) -> int:
     from phasesweep.storage._maintenance import verify
 
-    store = _open_store(args.store)
+    store = _open_store(args.store, must_exist=True)
     report = _maintain(verify, store, args.sweep, repair=args.repair)
     for line in report.problems:
         print(f"problem: {line}")
@@ -593,7 +686,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     from phasesweep.storage._maintenance import compact
 
-    store = _open_store(args.store)
+    store = _open_store(args.store, must_exist=True)
     report = _maintain(compact, store, args.sweep)
     for line in report.actions:
         print(line)
@@ -603,15 +696,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> object:
-    """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error (exit 2)."""
+    """``func(store, sweep, **kwargs)``; a bad sweep name is an argument error and a sweep
+    the store does not hold an unknown one (exit 2 both)."""
     from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage._maintenance import known_sweeps
     from phasesweep.storage._store import check_sweep
+
+    from phasesweep._api import UnknownSweepError
 
     if sweep is not None:
         try:
             check_sweep(sweep)
         except ValueError as e:
             raise SpecError("SWEEP", sweep, str(e), what="argument") from None
+        known = known_sweeps(store)
+        if sweep not in known:
+            raise UnknownSweepError(sweep, store.uri, known)
     return func(store, sweep, **kwargs)
 
 
@@ -647,7 +747,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2), printed
         return int(e.code or 0)
     try:
-        return COMMANDS[args.command](args)
+        with _skipped_files() as skipped:
+            code = COMMANDS[args.command](args)
+        if skipped:
+            print(_damage_line(skipped.values(), "skipped"), file=sys.stderr)
+        return code
     except BrokenPipeError:  # e.g. `phasesweep query ... | head`
         sys.stderr.close()
         return EXIT_OK

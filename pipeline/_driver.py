@@ -643,6 +643,8 @@ def _fit(
             storage_path=folder,
             failure_config=tune.FailureConfig(max_failures=max_retries),
             verbose=0,
+            # silent at verbose 0; in a notebook Tune's own would clear the cell's output
+            progress_reporter=tune.CLIReporter(),
             callbacks=[_Results()],
         ),
     )

@@ -38,6 +38,7 @@ from phasesweep.pipeline.spec import (
     SpecError,
     SweepSpec,
     apply_override,
+    excerpt,
     load_spec,
     parse_override,
     parse_yaml,
@@ -89,72 +90,145 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _grid_values(spec: SweepSpec) -> dict[str, list[Any]]:
-    """Each grid axis as its dotted path → its values (``{range: …}`` etc. expanded)."""
-    return {axis_path(a): axis_values(a, v) for a, v in spec.grid.items()}
+def _at(node: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of nested mappings."""
+    for key in path.split("."):
+        node = node[key]
+    return node
 
 
-def relaunch_diff(old: SweepSpec, new: SweepSpec) -> tuple[list[str], list[str], bool]:
-    """What a relaunch changes against the stored spec of the same sweep name.
+def _axes(spec: SweepSpec, paths: Sequence[str]) -> dict[str, list[Any]]:
+    """The values each of ``paths`` takes on the spec's grid: a grid axis's values, or the
+    base config's value for a path the grid does not sweep (``{range: …}`` etc. expanded)."""
+    gridded = {axis_path(a): list(axis_values(a, v)) for a, v in spec.grid.items()}
+    base = spec.base().model_dump(mode="json")
+    return {p: gridded[p] if p in gridded else [_at(base, p)] for p in paths}
 
-    Returns ``(base, grid, extends)``: lines ``key: old → new`` for the base config
-    (everything but the grid and :data:`RELAUNCH_FREE`), the same for grid axes, and
-    whether the new grid only adds values to the old axes (so every stored point is
-    still a point of the new grid).
+
+def _missing(values: Sequence[Any], among: Sequence[Any]) -> list[Any]:
+    """The items of ``values`` that ``among`` lacks (by ``==``, as ``1 == 1.0``)."""
+    try:
+        pool: Any = set(among)
+    except TypeError:  # unhashable axis values (lists, dicts): compare one by one
+        pool = among
+    return [v for v in values if v not in pool]
+
+
+@dataclass(frozen=True)
+class RelaunchDiff:
+    """How a relaunch's spec differs from the stored spec of the same sweep name.
+
+    ``base`` and ``grid``: lines ``key: old → new`` for the base config (everything but
+    the grid and :data:`RELAUNCH_FREE`) and for the grid axes. ``added`` and
+    ``dropped``: per axis (dotted path), the values the new grid has and the old one
+    lacks, and the reverse; an axis that one spec does not sweep takes its base value
+    there. Without base changes, every point of the new grid is a point of the stored
+    grid iff nothing is ``added``, and the reverse iff nothing is ``dropped``.
     """
+
+    base: list[str]
+    grid: list[str]
+    added: dict[str, list[Any]]
+    dropped: dict[str, list[Any]]
+
+
+def relaunch_diff(old: SweepSpec, new: SweepSpec) -> RelaunchDiff:
+    """What a relaunch changes against the stored spec of the same sweep name."""
     skip = {"grid", *RELAUNCH_FREE}
     a, b = (
         _flat({k: v for k, v in s.model_dump(mode="json").items() if k not in skip})
         for s in (old, new)
     )
     base = [
-        f"{k}: {_show(a.get(k, '(absent)'))} → {_show(b.get(k, '(absent)'))}"
+        f"{k}: {_show(a.get(k, _ABSENT))} → {_show(b.get(k, _ABSENT))}"
         for k in sorted(set(a) | set(b))
         if a.get(k, _ABSENT) != b.get(k, _ABSENT)
     ]
-    ga, gb = _grid_values(old), _grid_values(new)
+    ga = {axis_path(k): list(axis_values(k, v)) for k, v in old.grid.items()}
+    gb = {axis_path(k): list(axis_values(k, v)) for k, v in new.grid.items()}
     grid = [
-        f"grid.{k}: {_show(ga.get(k, '(absent)'))} → {_show(gb.get(k, '(absent)'))}"
+        f"grid.{k}: {_show(ga.get(k, _ABSENT))} → {_show(gb.get(k, _ABSENT))}"
         for k in sorted(set(ga) | set(gb))
         if ga.get(k) != gb.get(k)
     ]
-    extends = set(ga) == set(gb) and all(all(v in gb[k] for v in ga[k]) for k in ga)
-    return base, grid, extends
+    paths = sorted(set(ga) | set(gb))
+    va, vb = _axes(old, paths), _axes(new, paths)
+    added = {p: extra for p in paths if (extra := _missing(vb[p], va[p]))}
+    dropped = {p: extra for p in paths if (extra := _missing(va[p], vb[p]))}
+    return RelaunchDiff(base, grid, added, dropped)
 
 
 _ABSENT = object()
 
 
-def _show(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) and value == "(absent)" else repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _show(value: Any) -> str:
+    return "(absent)" if value is _ABSENT else excerpt(value)
 
 
-def check_relaunch(store: Store, spec: SweepSpec, extend: bool) -> None:
-    """Refuse (:class:`SpecError`) a launch whose spec differs from the one the store
-    holds for the same sweep name, listing what changed; with ``extend``, a grid that
-    only adds values to the stored axes (same base config) is accepted."""
-    old = stored_spec(store, spec.name)
-    if old is None:
-        return
-    base, grid, extends = relaunch_diff(old, spec)
-    if not base and not grid:
-        return
-    if extend and not base and extends:
-        return
-    if base:
-        hint = "the base config of a stored sweep cannot change: use a new sweep name"
-    elif extend:
-        hint = "--extend only adds values to the stored grid axes"
+def check_relaunch(store: Store, spec: SweepSpec, raw: dict, extend: bool) -> dict:
+    """Check a launch against the spec the store holds for the same sweep name, and
+    return the raw spec to store for the sweep (``raw`` when the store holds none).
+
+    Accepted: the same base config (:data:`RELAUNCH_FREE` sections may change) with a
+    grid that is part of the stored one (a subset relaunch: the stored grid is kept
+    whole), or, with ``extend``, one that adds values to its axes (the stored grid
+    becomes the one that covers both: each axis takes the values of both, so it holds
+    every stored point). Anything else is refused (:class:`SpecError`) with what
+    changed and a command that works instead: ``--extend``, or a new sweep name.
+    """
+    text = store.read_spec(spec.name)
+    if text is None:
+        return raw
+    old_raw = parse_yaml(text)
+    old = validate_spec(old_raw)
+    diff = relaunch_diff(old, spec)
+    if diff.base or (diff.added and not extend):
+        raise SpecError(
+            "name", spec.name, _refusal(store, spec.name, diff, extend), what="relaunch"
+        )
+    grid = _covering_grid(old, old_raw.get("grid") or {}, raw.get("grid") or {}, diff)
+    return {**raw, "grid": grid}
+
+
+def _refusal(store: Store, name: str, diff: RelaunchDiff, extend: bool) -> str:
+    """The reason of a refused relaunch: the fix first (the message may be cut), then
+    what changed."""
+    fresh = _free_name(store, name)
+    renamed = f"--set name={fresh} (in Python: overrides=['name={fresh}'])"
+    if diff.base:
+        fix = f"a stored sweep keeps its base config: run this as a new sweep with {renamed}"
+        changes = diff.base + diff.grid
     else:
-        hint = "pass --extend to add these grid points to the sweep, or use a new sweep name"
-    changes = "; ".join(base + grid)
-    raise SpecError(
-        "name",
-        spec.name,
-        f"differs from the spec stored for this sweep ({changes}); {hint}",
-        what="relaunch",
-    )
+        fix = (
+            "the grid adds points to the stored sweep: pass --extend (in Python: "
+            f"extend=True) to train them as part of it, or {renamed}"
+        )
+        changes = diff.grid
+    return f"differs from the spec stored for this sweep; {fix}; changed: {'; '.join(changes)}"
+
+
+def _free_name(store: Store, name: str) -> str:
+    """``NAME_2``, ``NAME_3``, …: the first that the store does not hold."""
+    taken = set(store.sweeps())
+    return next(f"{name}_{i}" for i in range(2, len(taken) + 3) if f"{name}_{i}" not in taken)
+
+
+def _covering_grid(old: SweepSpec, old_grid: dict, new_grid: dict, diff: RelaunchDiff) -> dict:
+    """The stored grid after an accepted relaunch (raw forms and keys as written).
+
+    Nothing added: the stored grid (it holds the new one). Nothing dropped: the new grid
+    (it holds the stored one). Else each axis that gains values lists the stored grid's
+    values, then the added ones.
+    """
+    if not diff.added:
+        return old_grid
+    if not diff.dropped:
+        return new_grid
+    spelled = {axis_path(k): k for k in new_grid} | {axis_path(k): k for k in old_grid}
+    grid = dict(old_grid)
+    for path, values in diff.added.items():
+        grid[spelled[path]] = _axes(old, [path])[path] + values
+    return grid
 
 
 @dataclass
@@ -242,7 +316,7 @@ def plan_sweep(
     """
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
-    check_relaunch(store, spec, extend)
+    raw = check_relaunch(store, spec, raw, extend)
     grid = Grid(spec)
     total = grid_size(spec)
     slots, memory = trial_resources(address, cpus_per_trial, gpus_per_trial, device_memory)

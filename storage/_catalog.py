@@ -205,6 +205,21 @@ def create_views(
     con.from_arrow(manifest_table(store.manifest())).create_view("manifest")
 
 
+#: The store tables whose files each view reads beyond its own: the rows of
+#: ``trajectories`` and ``layers`` that it shows are those of the runs in ``runs``.
+_READS = {"trajectories": ("runs",), "layers": ("runs",)}
+
+
+def tables_read(sql: str) -> set[str]:
+    """The store tables (``runs``, …, ``manifest``) whose files ``sql`` reads through the
+    views it names (from DuckDB's parser; nothing is bound or run). A damaged file of
+    any other table cannot change its answer."""
+    with duckdb.connect() as con:
+        names = {n.lower() for n in con.get_table_names(sql)}
+    views = names & {*_TABLES, "manifest"}
+    return views.union(*(_READS.get(v, ()) for v in views))
+
+
 def sql_string(text: str) -> str:
     """``text`` as an SQL string literal (single quotes, inner ones doubled): the one
     quoting of values into the SQL that phasesweep writes (DuckDB's standard SQL)."""

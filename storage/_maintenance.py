@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from phasesweep.storage import schema
 from phasesweep.storage._catalog import catalog_connection, snapshot
@@ -34,9 +35,9 @@ COMPACT_ROWS_PER_FILE = 2_000_000
 
 QUARANTINE = "quarantine"
 
-_KEYS = {"runs": ["run_id", "attempt", "chunk_id", "status", "finished_at"]}
+_KEYS = {"runs": ["run_id", "attempt", "chunk_id", "status", "finished_at", "steps", "depth"]}
 _KEYS["trajectories"] = ["run_id", "attempt", "step"]
-_KEYS["layers"] = ["run_id", "attempt", "step"]
+_KEYS["layers"] = ["run_id", "attempt", "step", "layer"]
 
 
 @dataclass
@@ -72,21 +73,28 @@ def verify(
       attempt has no committed ``runs`` file (repair: moved to the quarantine);
     - a run_id with more than one row that is not 'failed' across the sweep's
       ``runs`` files (a duplicate commit; the catalog shows one; not repaired);
-    - a completed run (as the catalog shows it) without ``trajectories`` or
-      ``layers`` rows of its attempt, or with a step twice (not repaired: train it
-      again after removing the runs file).
+    - a run whose ``trajectories`` or ``layers`` rows are gone: a completed run (as
+      the catalog shows it) without rows of its attempt, or a run (not failed) of an
+      attempt that lost a file of that table to damage, with none of its rows left or
+      with rows that ran on into the damaged file (repair: the run's row is taken out of
+      its attempt's ``runs`` files, which go to the quarantine as they were, or the whole
+      attempt with its manifest entry when that leaves none: the run is no longer
+      done, so a relaunch trains exactly these runs again);
+    - a completed run with a step twice in ``trajectories`` (not repaired).
 
     The report's problems are those found before repairing; run it again to see
-    what is left. Repairing twice does nothing the second time.
+    what is left (a repaired store verifies clean but for duplicates). Repairing twice
+    does nothing the second time.
     """
     store = as_store(store)
     report = Report()
-    for name in [sweep] if sweep is not None else _all_sweeps(store):
+    for name in [sweep] if sweep is not None else known_sweeps(store):
         _verify_sweep(store, name, repair, min_age_s, report)
     return report
 
 
-def _all_sweeps(store: Store) -> list[str]:
+def known_sweeps(store: Store) -> list[str]:
+    """Sorted names of the sweeps with a spec or any file (damaged ones included)."""
     names = set(store.sweeps())
     for table in schema.CHUNK_TABLES:
         names.update(_sweep_of(p) for p in store.files(table))
@@ -106,6 +114,7 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
         report.actions.append(f"{sweep}: {text}")
 
     keys: dict[str, dict[str, pa.Table]] = {}  # table -> path -> key columns
+    damaged: dict[str, list[str]] = defaultdict(list)  # table -> its unreadable files
     for table in schema.TABLES:
         keys[table] = {}
         for path in store.files(table, sweep):
@@ -115,6 +124,7 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
                     keys[table][path] = whole.select(_KEYS[table])
             except (OSError, ValueError, KeyError, pa.ArrowException) as e:
                 problem(f"unreadable file {store.relative(path)}: {str(e)[:200]}")
+                damaged[table].append(path)
                 if repair:
                     act(f"quarantined {_quarantine(store, path)}")
 
@@ -154,17 +164,132 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
     steps: dict[tuple[str, str, str], Counter] = defaultdict(Counter)  # (table, run, attempt)
     for table in ("trajectories", "layers"):
         for t in keys[table].values():
-            for r, a, s in zip(*(t.column(c).to_pylist() for c in _KEYS[table])):
+            for r, a, s in zip(*(t.column(c).to_pylist() for c in ("run_id", "attempt", "step"))):
                 steps[table, r, a][s] += 1
     for run in _shown(runs):
-        if run["status"] != "completed":
-            continue
+        counts = steps.get(("trajectories", run["run_id"], run["attempt"]))
+        if run["status"] == "completed" and counts and max(counts.values()) > 1:
+            problem(f"completed run {run['run_id']} has a step twice in trajectories")
+    lost = _lost_runs(store, keys, runs, steps, damaged)
+    for (_, run_id), why in sorted(lost.items()):
+        problem(f"{why[0]} run {run_id} {why[1]}")
+    if repair:
+        by_attempt: dict[str, set[str]] = defaultdict(set)
+        for attempt, run_id in lost:
+            by_attempt[attempt].add(run_id)
+        for attempt, run_ids in sorted(by_attempt.items()):
+            _drop_runs(store, sweep, attempt, run_ids, committed[attempt], attempt_files, act)
+
+
+def _lost_runs(
+    store: Store,
+    keys: dict[str, dict[str, pa.Table]],
+    runs: list[dict],
+    steps: dict[tuple[str, str, str], Counter],
+    damaged: dict[str, list[str]],
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """Runs whose ``trajectories`` or ``layers`` rows are gone, as ``(attempt, run_id) ->
+    (status, what is wrong)``: see :func:`verify`.
+
+    Rows run on into a damaged file only in an attempt with several files per table (a
+    compaction's, sorted by run, step and layer): the last run of the file ahead of it
+    unless its last row is its last step (and layer), the first run of the file behind
+    it unless its first row is step 0 (and layer 1). A diverged run's last step is not
+    known here: it counts as lost.
+    """
+    lost: dict[tuple[str, str], tuple[str, str]] = {}
+    for run in _shown(runs):
         for table in ("trajectories", "layers"):
-            counts = steps.get((table, run["run_id"], run["attempt"]))
-            if not counts:
-                problem(f"completed run {run['run_id']} has no {table} rows")
-            elif table == "trajectories" and max(counts.values()) > 1:
-                problem(f"completed run {run['run_id']} has a step twice in {table}")
+            if run["status"] == "completed" and not steps.get(
+                (table, run["run_id"], run["attempt"])
+            ):
+                lost[run["attempt"], run["run_id"]] = ("completed", f"has no {table} rows")
+    by_key = {(r["attempt"], r["run_id"]): r for r in runs if r["status"] != "failed"}
+    for table, bad in damaged.items():
+        if table not in ("trajectories", "layers"):
+            continue
+        for path in bad:
+            attempt = _attempt_of(path, {a for a, _ in by_key})
+            if attempt is None:
+                continue  # an uncommitted attempt's file: nothing of it is shown
+            rel = store.relative(path)
+            for (a, run_id), r in by_key.items():
+                if a == attempt and not steps.get((table, run_id, attempt)):
+                    lost[a, run_id] = (r["status"], f"has no {table} rows (lost with {rel})")
+            files = sorted(
+                [p for p, t in keys[table].items() if _attempt_of(p, {attempt})] + [path]
+            )
+            at = files.index(path)
+            edges = []  # (a row next to the damaged file, whether it is the last before it)
+            if at > 0 and (t := keys[table].get(files[at - 1])) is not None:
+                edges.append((t.slice(t.num_rows - 1).to_pylist()[0], True))
+            if at + 1 < len(files) and (t := keys[table].get(files[at + 1])) is not None:
+                edges.append((t.slice(0, 1).to_pylist()[0], False))
+            for row, ahead in edges:
+                key = (attempt, row["run_id"])
+                r = by_key.get(key)
+                if r is None or key in lost:
+                    continue
+                if ahead:  # its last row must be its last step (and layer)
+                    whole = r["status"] == "completed" and row["step"] == r["steps"]
+                    whole = whole and row.get("layer", r["depth"]) == r["depth"]
+                else:  # its first row must be step 0 (and layer 1)
+                    whole = row["step"] == 0 and row.get("layer", 1) == 1
+                if not whole:
+                    lost[key] = (r["status"], f"has lost some {table} rows (with {rel})")
+    return lost
+
+
+def _attempt_of(path: str, attempts: set[str]) -> str | None:
+    """The attempt among ``attempts`` whose files ``path`` names (``…-{attempt}.parquet``)."""
+    name = posixpath.basename(path)
+    found = [a for a in attempts if name.endswith(f"-{a}.parquet")]
+    return max(found, key=len) if found else None
+
+
+def _drop_runs(
+    store: Store,
+    sweep: str,
+    attempt: str,
+    run_ids: set[str],
+    runs_paths: list[str],
+    attempt_files: dict[str, list[tuple[str, str]]],
+    act,
+) -> None:
+    """Take ``run_ids`` out of a committed attempt, so they are no longer done.
+
+    Each ``runs`` file of the attempt that holds them goes to the quarantine as it was
+    and is written anew without them; when that leaves the attempt no run, the whole
+    attempt goes there instead (its files and manifest entry). The attempt's manifest
+    entry is written anew from what is left.
+    """
+    tables = {p: pq.read_table(p, filesystem=store.arrow_fs) for p in runs_paths}
+    left = {
+        p: t.filter(pc.invert(pc.is_in(t["run_id"], pa.array(sorted(run_ids)))))
+        for p, t in tables.items()
+    }
+    entries = [e for e in store.read_manifest(sweep)[0] if e["attempt"] == attempt]
+    entry_paths = [store.manifest_path(sweep, e["chunk_id"], attempt) for e in entries]
+    shown = ", ".join(sorted(run_ids)[:5]) + (" …" if len(run_ids) > 5 else "")
+    if not any(t.num_rows for t in left.values()):
+        others = {p for _, p in attempt_files.get(attempt, []) if store.fs.exists(p)}
+        for path in [*runs_paths, *sorted(others), *entry_paths]:
+            act(f"quarantined {_quarantine(store, path)}")
+        act(f"attempt {attempt}: runs {shown} are no longer done: a relaunch trains them again")
+        return
+    for path, table in left.items():
+        if table.num_rows < tables[path].num_rows:
+            kept = _quarantine(store, path, copy=True)
+            store.put(path, parquet_bytes(table))
+            act(f"took runs {shown} out of {store.relative(path)} (as it was: {kept})")
+    for path in entry_paths:
+        store.fs.rm_file(path)
+    runs = pa.concat_tables(left.values()).select(_KEYS["runs"])
+    files = [(t, p) for t, p in attempt_files.get(attempt, []) if store.fs.exists(p)]
+    want = _entry_from_files(store, sweep, runs, files + [("runs", p) for p in runs_paths])
+    path = store.manifest_path(sweep, want["chunk_id"], attempt)
+    store.put(path, encode_entry(want))
+    act(f"wrote {store.relative(path)}")
 
 
 def _verify_manifest(store, sweep, keys, committed, attempt_files, repair, problem, act) -> None:
@@ -276,14 +401,15 @@ def _age(store: Store, path: str) -> float:
     return time.time() - modified.timestamp()
 
 
-def _quarantine(store: Store, path: str) -> str:
-    """Move ``path`` under the quarantine folder; returns its new path relative to the root."""
+def _quarantine(store: Store, path: str, copy: bool = False) -> str:
+    """Move (or ``copy``) ``path`` under the quarantine folder; returns its new path
+    relative to the root."""
     rel = store.relative(path)
     target = f"{store.root}/{QUARANTINE}/{rel}"
     if store.fs.exists(target):
         target = f"{target}.{uuid.uuid4().hex[:8]}"
     store.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-    store.fs.mv(path, target)
+    (store.fs.copy if copy else store.fs.mv)(path, target)
     return store.relative(target)
 
 

@@ -48,7 +48,12 @@ _MIN_PARQUET = 2 * len(_MAGIC) + 4
 
 
 class DamagedFileWarning(UserWarning):
-    """A reader skipped a store file it cannot read (see ``Store.damaged_files``)."""
+    """A reader skipped a store file it cannot read (see ``Store.damaged_files``);
+    ``damage`` names it (None when the warning was made without one)."""
+
+    def __init__(self, message: str, damage: Damage | None = None) -> None:
+        super().__init__(message)
+        self.damage = damage
 
 
 @dataclass(frozen=True)
@@ -494,7 +499,11 @@ def as_store(store_or_uri: Store | str | None) -> Store:
 
 def _warn(damage: list[Damage]) -> None:
     for d in damage:
-        warnings.warn(f"skipping damaged store file {d.path}: {d.reason}", DamagedFileWarning, 3)
+        message = (
+            f"skipping damaged store file {d.path}: {d.reason} "
+            "(`phasesweep verify --repair` fixes the store)"
+        )
+        warnings.warn(DamagedFileWarning(message, d), stacklevel=3)
 
 
 def _bytes_or_raise(value: bytes | BaseException) -> bytes:

@@ -95,21 +95,62 @@ def test_relaunch_with_a_changed_spec_is_refused_with_a_diff_unless_it_extends(
     assert main(base) == 0  # the same spec: a relaunch
     assert main([*base, "--set", "execution.max_chunk_size=2"]) == 0  # how, not what, it runs
     assert "6 points" in capsys.readouterr().out
+    # a part of the stored grid, with or without --extend: an axis dropped counts as its
+    # base value (train.seed 0, model.width 8)
+    for args in (["--set", "grid.seed=[0,1]"], ["--set", "grid.seed=[2]", "--extend"]):
+        assert main([*base, *args]) == 0
+    assert main([*base, "--set", "grid={init_scale: [1.0]}"]) == 0
+    assert main([*base, "--set", "grid.width=[8]"]) == 0
     refused = [
-        (["--set", "train.steps=40"], "train.steps: 20 → 40", "base config"),
-        (["--set", "train.steps=40", "--extend"], "train.steps: 20 → 40", "base config"),
-        (["--set", "grid.seed=[0,1]", "--extend"], "[0, 1, 2] → [0, 1]", "only adds"),
-        (["--set", "grid.width=[8,16]", "--extend"], "grid.model.width: (absent)", "only adds"),
+        (["--set", "train.steps=40"], "train.steps: 20 → 40", "--set name=tiny_2"),
+        (["--set", "train.steps=40", "--extend"], "train.steps: 20 → 40", "--set name=tiny_2"),
         (["--set", "grid.seed=[0,1,2,3]"], "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
+        (["--set", "grid.seed=[0,7]"], "grid.train.seed: [0, 1, 2] → [0, 7]", "--extend"),
+        (["--set", "grid.width=[8,16]"], "grid.model.width: (absent) → [8, 16]", "--extend"),
     ]
     for args, diff, hint in refused:
         assert main([*base, *args]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and diff in err and hint in err, err
+        # the advice is a command that works
+        advice = ["--extend"] if hint == "--extend" else ["--set", "name=tiny_2"]
+        assert main([*base, *args, *advice]) == 0, capsys.readouterr().err
     # grid values may be added (spelled any way) with --extend
     assert main([*base, "--set", "grid.seed={range: [0, 5]}", "--extend"]) == 0
     assert "10 points, 0 already stored" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+
+
+def test_the_stored_grid_covers_every_stored_point_after_a_relaunch(tmp_path, tiny_spec):
+    """What ``status`` counts against: the stored spec's grid, after a relaunch of a part
+    of it (unchanged), after an extension that holds it (the new grid) and after one that
+    adds to some axes only (each axis takes the values of both)."""
+    from phasesweep.pipeline._grid import expand
+    from phasesweep.pipeline._launch import plan_sweep
+    from phasesweep.pipeline.spec import parse_yaml, validate_spec
+
+    store = Store.open(str(tmp_path / "store"))
+    spec = tiny_spec({"grid": {"init_scale": {"logspace": [-1, 0, 2]}, "seed": [0, 1, 2]}})
+    store.write_spec("tiny", spec.read_text())
+
+    def stored_after(*overrides: str, extend: bool = False) -> dict:
+        return plan_sweep(spec, store, overrides=overrides, extend=extend).raw["grid"]
+
+    def ids(grid: dict) -> set[str]:
+        return {
+            p.run_id for p in expand(validate_spec({**parse_yaml(spec.read_text()), "grid": grid}))
+        }
+
+    whole = parse_yaml(spec.read_text())["grid"]
+    assert stored_after("grid.seed=[1]") == whole  # a part: the stored grid stays whole
+    assert stored_after("grid.init_scale=[1.0]", "grid.seed=[2, 0]", extend=True) == whole
+    assert stored_after("grid.seed=[0, 1, 2, 3]", extend=True)["seed"] == [0, 1, 2, 3]
+    mixed = stored_after("grid.seed=[5]", "grid.width=[16]", extend=True)
+    assert mixed == {**whole, "seed": [0, 1, 2, 5], "width": [8, 16]}  # forms kept
+    # it holds every point of the stored grid and of the launch, and nothing else
+    launched = {"init_scale": whole["init_scale"], "seed": [5], "width": [16]}
+    assert ids(mixed) >= ids(whole) | ids(launched)
+    assert len(ids(mixed)) == 2 * 4 * 2
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +188,8 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
     assert main([*grown, "--extend"]) == 0
     assert "skipping 6 already stored; training 2" in capsys.readouterr().err
+    assert main([*grown[:-1], "grid.seed=[3]"]) == 0  # a part of the stored grid
+    assert "2 points; skipping 2 already stored; training 0" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs") == 8
     assert _count(store, "SELECT count(DISTINCT run_id) FROM runs") == 8
     assert _count(store, "SELECT count(*) - count(DISTINCT (run_id, step)) FROM trajectories") == 0
@@ -268,15 +311,34 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
-def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec, phasesweep_cli):
+def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
+    tmp_path, tiny_spec, phasesweep_cli
+):
+    """Off a terminal: a line now and then ($PHASESWEEP_PROGRESS_EVERY seconds), never a
+    carriage return; lines during the chunks show member-steps moving, the rate and the
+    ETA ("?" before a rate is measured); the last says what was done in what time."""
     store = tmp_path / "store"
-    spec = tiny_spec()
-    proc = phasesweep_cli(["run", str(spec), "--store", str(store)])
+    spec = tiny_spec({"train.steps": 20000})  # chunks of several seconds
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(store)], env_extra={"PHASESWEEP_PROGRESS_EVERY": "1"}
+    )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert (
-        "6/6 points" in err and "member-steps/s" in err and "<00:00" in err
-    )  # done/total, rate, ETA
+    assert "\r" not in err
+    line = re.compile(
+        r"tiny: (\d)/6 points +\d+% (\S+)/120k member-steps "
+        r"\[\d\d:\d\d<(\?|\d\d:\d\d), (\?|[0-9.]+k?) member-steps/s\]"
+    )
+    during = [m.groups() for m in map(line.fullmatch, err.splitlines()) if m]
+    assert len(during) >= 2, err
+    assert any(steps not in ("0", "0.00") and done != "6" for done, steps, _, _ in during), err
+    assert all((eta == "?") == (rate == "?") for *_, eta, rate in during)  # no ETA, no rate
+    assert any(rate != "?" for *_, rate in during), err
+    assert re.search(
+        r"^tiny: 6/6 points 100% 120k/120k member-steps in \d\d:\d\d, [0-9.]+k? member-steps/s$",
+        err,
+        re.M,
+    ), err
     assert (
         "Configuration for experiment" not in err and "Trial status" not in err
     )  # Tune's tables stay off

@@ -249,6 +249,40 @@ def test_table_output_counts_rows_and_clips_wide_cells(phasesweep_cli, store):
     assert out.splitlines()[-1] == "(1 row)"
 
 
+def test_a_long_result_shows_its_first_and_last_rows_as_a_table_and_all_as_csv_or_json(
+    phasesweep_cli, store
+):
+    """As DuckDB's shell: a table shows 40 rows of a longer result (the first and last 20)
+    and counts the rest; --max-rows N shows N, 0 all; csv and json give every row."""
+    sql = "SELECT i, i * i AS sq FROM range(100) t(i) ORDER BY i"
+    at = ["--store", str(store)]
+    code, out, err = _run(phasesweep_cli, ["query", sql, *at, "--format", "csv"])
+    assert code == 0, err
+    every = [tuple(map(int, line.split(","))) for line in out.splitlines()[1:]]
+    assert every == [(i, i * i) for i in range(100)]  # the independent listing
+    code, out, _ = _run(phasesweep_cli, ["query", sql, *at, "--format", "json"])
+    assert len(json.loads(out)) == 100
+
+    def table(*extra: str) -> tuple[list[tuple[int, int] | None], str]:
+        code, out, err = _run(phasesweep_cli, ["query", sql, *at, *extra])
+        assert code == 0, err
+        lines = out.splitlines()
+        body = [
+            None if ln.split() == ["…", "…"] else tuple(map(int, ln.split())) for ln in lines[2:-1]
+        ]
+        return body, lines[-1]
+
+    body, count = table()
+    assert body == [*every[:20], None, *every[-20:]]
+    assert count.startswith("(100 rows, 40 shown; --max-rows 0 shows all")
+    body, count = table("--max-rows", "7")
+    assert body == [*every[:4], None, *every[-3:]] and count.startswith("(100 rows, 7 shown")
+    body, count = table("--max-rows", "0")
+    assert body == every and count == "(100 rows)"
+    body, count = table("--max-rows", "100")
+    assert body == every and count == "(100 rows)"
+
+
 def cli_max_cell() -> int:
     from phasesweep._format import MAX_CELL
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from phasesweep.pipeline._driver import HOLD_ENV, PROGRESS_EVERY
 from phasesweep.pipeline._grid import expand, group_tag
+from phasesweep.pipeline._progress import LINE_EVERY_ENV, RATE_AFTER
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.storage.schema import log_steps, to_table
 
@@ -218,9 +219,10 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     spec = tiny_spec(LONG_CHUNKS)  # two chunks of three points
     args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1"]
     env = {"TMPDIR": str(short_tmp)}
-    proc = phasesweep_cli(args, env_extra=_held(env, tmp_path), start_new_session=True)
+    lines = {**_held(env, tmp_path), LINE_EVERY_ENV: "1"}  # a progress line every second
+    proc = phasesweep_cli(args, env_extra=lines, start_new_session=True)
     _wait_for(lambda: _started(store, 2), "checkpoints of both chunks")
-    time.sleep(PROGRESS_EVERY + 1)  # a progress report from a held trial reaches the bar
+    time.sleep(PROGRESS_EVERY + RATE_AFTER + 1)  # reports from held trials give a rate
     os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     assert len(_checkpoints(store)) == 2
@@ -228,8 +230,8 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     assert not (store / "runs").exists()
     # progress moved during the chunks: no point done yet, member-steps and a rate shown
     during = [
-        re.search(r"0/6 points .*\| (\S+)/240k \[.*, ([0-9.]+k?) member-steps/s\]", s)
-        for s in re.split(r"[\r\n]", err)
+        re.search(r"0/6 points .* (\S+)/240k member-steps \[.*, ([0-9.]+k?) member-steps/s\]", s)
+        for s in err.splitlines()
     ]
     assert any(m and m.group(1) != "0" for m in during), err[-2000:]
     tune_dirs = short_tmp / f"phasesweep-tune-{os.getuid()}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from datetime import datetime, timezone
@@ -97,13 +98,49 @@ def test_readers_skip_and_report_damaged_files(tmp_path, store_make_chunk, phase
     with pytest.warns(DamagedFileWarning):
         assert run_query(store, "SELECT count(*) AS n FROM runs")[1] == [(10,)]
 
-    # status and query in their own processes: exit 0, damage named on stderr
-    for args in (["status"], ["status", "b"], ["query", "SELECT count(*) FROM manifest"]):
-        proc = phasesweep_cli([*args, "--store", str(tmp_path)])
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        assert "Traceback" not in err and os.path.basename(bad["zero"]) in err
-    assert out.split()[-3:] == ["5", "(1", "row)"]  # 6 entries, one of them damaged
+
+def _cli(phasesweep_cli, *args: str) -> tuple[int, str, str]:
+    proc = phasesweep_cli(list(args))
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def test_status_and_query_say_what_damage_leaves_out_in_one_line(
+    tmp_path, store_make_chunk, phasesweep_cli
+):
+    """What the user sees: one line on stderr naming the files and the fix, no Python
+    warning; status exits 1; a query that reads a damaged table gives no answer (exit 1)
+    unless --allow-partial; one that does not read it answers as usual."""
+    store = Store.open(str(tmp_path))
+    _fill(store, store_make_chunk)
+    bad = _damage(store)  # runs of a, trajectories of a, a manifest entry of b
+    at = ["--store", str(tmp_path)]
+
+    def one_line(err: str, *paths: str) -> None:
+        assert len(err.splitlines()) == 1, err
+        assert "Warning" not in err and "Traceback" not in err, err
+        assert all(p in err for p in paths) and "phasesweep verify --repair" in err, err
+
+    code, out, err = _cli(phasesweep_cli, "status", *at)
+    assert code == 1 and "completed" in out
+    one_line(err, *bad.values())
+    code, out, err = _cli(phasesweep_cli, "status", "b", *at)
+    assert code == 1 and re.search(r"b\s+completed\s+6\n", out)  # b's runs files are whole
+    one_line(err, bad["entry"])
+
+    sql = "SELECT sweep, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY 1"
+    code, out, err = _cli(phasesweep_cli, "query", sql, *at)
+    assert code == 1 and out == ""
+    one_line(err, bad["zero"], bad["truncated"])  # trajectories shows committed runs only
+    assert "--allow-partial" in err and bad["entry"] not in err
+    code, out, err = _cli(phasesweep_cli, "query", sql, *at, "--allow-partial", "--format", "csv")
+    assert code == 0 and out.splitlines() == ["sweep,n", "a,8", "b,24"]
+    one_line(err, bad["zero"], bad["truncated"])
+    code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM manifest", *at)
+    assert code == 1 and out == ""
+    one_line(err, bad["entry"])
+    code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM summaries", *at)
+    assert code == 0 and err == "" and out.split()[-3:] == ["0", "(1", "row)"]
 
 
 def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
@@ -118,6 +155,23 @@ def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
     proc = phasesweep_cli(["verify", "Bad Name", "--store", str(tmp_path)])
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "SWEEP" in err and "Traceback" not in err
+
+
+def test_verify_and_compact_of_an_unknown_sweep_or_store_exit_2(
+    tmp_path, store_make_chunk, phasesweep_cli
+):
+    store = Store.open(str(tmp_path / "store"))
+    _fill(store, store_make_chunk)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    for command in ("verify", "compact"):
+        proc = phasesweep_cli([command, "nope", "--store", store.root])
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (out, err)
+        assert "no sweep 'nope'" in err and "it holds: a, b" in err and len(err.splitlines()) == 1
+        proc = phasesweep_cli([command, "--store", str(tmp_path / "typo")])
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and "no store there" in err, err
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
 
 
 def _orphan_and_leftovers(store: Store, make, monkeypatch) -> None:
@@ -186,12 +240,17 @@ def test_verify_lists_problems_and_repair_fixes_them(
         for d, _, fs in os.walk(tmp_path / "quarantine")
         for f in fs
     )
+    lost_attempt = os.path.basename(bad["truncated"]).removeprefix("part-c2-")
     assert quarantined == sorted(
         [
             os.path.relpath(bad["zero"], tmp_path),
             os.path.relpath(bad["truncated"], tmp_path),
             os.path.relpath(bad["entry"], tmp_path),
             _entry_path_a_c1(report),
+            # a/c2 lost its trajectories: the whole attempt goes, so its runs are not done
+            f"runs/sweep=a/part-c2-{lost_attempt}",
+            f"layers/sweep=a/part-c2-{lost_attempt}",
+            f"manifest/sweep=a/c2-{lost_attempt.removesuffix('.parquet')}.json",
         ]
     )
     assert not [f for d, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".tmp")]
@@ -204,16 +263,12 @@ def test_verify_lists_problems_and_repair_fixes_them(
     assert entries == {"c0", "c1", "c2", "c7"}
     assert con.sql("SELECT count(*) FROM runs WHERE sweep = 'b'").fetchall() == [(6,)]
     assert store.done_run_ids("b") == ids["b"]
+    # a relaunch trains again exactly the runs whose rows were lost
+    assert store.done_run_ids("a") == ids["a"] - {"a1_0", "a1_1", "a2_0", "a2_1"}
 
-    # what is left cannot be repaired: the duplicate and the runs whose rows are lost
+    # what is left cannot be repaired: the duplicate
     left = verify(store, repair=True)
-    assert sorted(left.problems) == sorted(
-        [
-            "a: completed run a2_0 has no trajectories rows",
-            "a: completed run a2_1 has no trajectories rows",
-            "b: run b0_0 has 2 committed rows that are not 'failed'",
-        ]
-    )
+    assert left.problems == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
     assert left.actions == []  # repairing again changes nothing
     proc = phasesweep_cli(["verify", "b", "--store", str(tmp_path), "--repair"])
     out, _ = proc.communicate(timeout=300)
@@ -378,3 +433,69 @@ def test_compact_command(tmp_path, store_make_chunk, phasesweep_cli):
     proc = phasesweep_cli(["compact", "a", "--store", str(tmp_path)])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and out.strip() == "nothing to compact", err
+
+
+@pytest.mark.parametrize("rows_per_file", [10, 7])
+def test_repair_of_a_compacted_file_drops_exactly_the_runs_with_rows_in_it(
+    tmp_path, store_make_chunk, rows_per_file
+):
+    """A compacted sweep (runs of 5 steps and 2 layers; 10 rows per file: no run spans two
+    files, 7: runs do), one middle trajectories file truncated: after --repair the store
+    verifies clean and the runs no longer done are exactly those that had rows in it
+    (read before the damage), whole or in part."""
+    store = Store.open(str(tmp_path))
+    run_ids = [f"r{i:02d}" for i in range(8)]
+    for c in range(2):
+        tables = store_make_chunk(run_ids[4 * c : 4 * c + 4], steps=5, depth=2, seed=c)
+        runs = tables["runs"]
+        for name, value in (("steps", 4), ("depth", 2)):  # the last step logged: 4
+            column = pa.array([value] * runs.num_rows, pa.int64())
+            runs = runs.set_column(runs.column_names.index(name), name, column)
+        store.write_chunk("s", f"c{c}", {**tables, "runs": runs})
+    compact(store, "s", rows_per_file=rows_per_file)
+    files = store.files("trajectories", "s")
+    assert len(files) >= 3
+    victim = files[len(files) // 2]
+    had_rows = set(pq.read_table(victim).column("run_id").to_pylist())
+    _truncate(victim)
+
+    report = verify(store, repair=True)
+    assert any("unreadable file" in p for p in report.problems)
+    assert verify(store).ok, verify(store).problems
+    assert store.done_run_ids("s") == set(run_ids) - had_rows
+    con = open_catalog(store)
+    shown = con.sql("SELECT run_id, count(*) FROM trajectories GROUP BY ALL").fetchall()
+    assert dict(shown) == {r: 5 for r in set(run_ids) - had_rows}  # every run shown is whole
+    assert con.sql("SELECT count(*) FROM layers").fetchall() == [(10 * len(shown),)]
+
+
+def test_repair_then_relaunch_trains_exactly_what_was_lost(tmp_path, tiny_spec, phasesweep_cli):
+    """The user's way: a sweep, one chunk's trajectories file truncated, ``verify
+    --repair``; then verify exits 0, status counts the lost points as remaining and a
+    relaunch trains exactly those."""
+    store = tmp_path / "store"
+    spec = tiny_spec()  # two chunks of three points
+    run = ["run", str(spec), "--store", str(store), "--no-progress"]
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        proc = phasesweep_cli(list(args))
+        out, err = proc.communicate(timeout=300)
+        return proc.returncode, out, err
+
+    assert cli(*run)[0] == 0
+    victim = sorted((store / "trajectories" / "sweep=tiny").glob("*.parquet"))[0]
+    lost = set(pq.read_table(victim).column("run_id").to_pylist())
+    assert len(lost) == 3
+    _truncate(str(victim))
+    code, out, _ = cli("verify", "--store", str(store), "--repair")
+    assert code == 1 and "repaired: " in out
+    code, out, err = cli("verify", "--store", str(store))
+    assert code == 0 and out.startswith("ok"), out + err
+    code, out, _ = cli("status", "tiny", "--store", str(store))
+    assert code == 0 and "3 of 6 points done, 3 remaining" in out
+    code, _, err = cli(*run)
+    assert code == 0 and "skipping 3 already stored; training 3" in err, err
+    assert cli("verify", "--store", str(store))[0] == 0
+    _, rows = run_query(store, "SELECT run_id, count(*) FROM trajectories GROUP BY ALL")
+    assert len(rows) == 6 and {n for _, n in rows} == {5}
+    assert {r for r, _ in rows} >= lost
