@@ -133,12 +133,17 @@ def token_env(path: Path | None) -> dict[str, str]:
 
 def use_token(env: dict[str, str], keep_token: bool = False) -> None:
     """Make :func:`token_env`'s settings ``env`` this process's, and ``$RAY_AUTH_TOKEN``
-    (which would override the file) not, unless ``keep_token``; then refresh what Ray
-    has cached of them, so that a process that used another Ray before (a notebook)
-    presents the token the environment now names."""
+    (which would override the file) not, unless ``keep_token``; then :func:`refresh_ray`."""
     os.environ.update(env)
     if not keep_token:
         os.environ.pop(TOKEN, None)
+    refresh_ray()
+
+
+def refresh_ray() -> None:
+    """Make Ray read its token settings from the environment again (it caches them per
+    process), so that a process that used another Ray before (a notebook, a test
+    session) presents the token the environment now names. Only while not connected."""
     if "ray._raylet" in sys.modules:
         from ray._raylet import AuthenticationTokenLoader, Config
 

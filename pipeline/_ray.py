@@ -16,10 +16,14 @@ authentication says so once on stderr.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import socket
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from phasesweep.pipeline import _auth
@@ -122,7 +126,8 @@ def connect(address: str | None) -> None:
         kwargs["_temp_dir"] = _auth.private_temp_dir()
         _embedded.append(os.path.dirname(kwargs["_temp_dir"]))
     try:
-        ray.init(address=target or "local", **kwargs)
+        with _quiet_token_refusal(bool(target)):
+            ray.init(address=target or "local", **kwargs)
     except BaseException as e:
         _remove_embedded()
         joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
@@ -139,22 +144,62 @@ def connect(address: str | None) -> None:
         _auth.warn_open(f"the Ray at {target}" if target else "the embedded Ray", why)
 
 
+#: Ray's words for a token it refused or could not find, also where it passes them on only
+#: as text (the GCS client's last error, formatted into a RuntimeError).
+_AUTH_FAILED = re.compile(r"AuthenticationError: (.+?)(?:\. |\.?\n|\.?$)")
+
+
+def _token_failure(e: BaseException) -> str | None:
+    """Ray's words if ``e`` (or anything in its chain of causes) is a refused or missing
+    token, else None."""
+    cause: BaseException | None = e
+    while cause is not None:
+        found = _AUTH_FAILED.search(f"{type(cause).__name__}: {cause}")
+        if found:
+            return found.group(1)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _join_failure(e: BaseException) -> str:
     """Why a named cluster could not be joined, in one line: a refused or missing token
-    (found anywhere in the chain of causes) with how to pass one, else Ray's first line."""
-    from ray.exceptions import AuthenticationError
+    with how to pass one, else Ray's first line."""
+    said = _token_failure(e)
+    if said is not None:
+        return (
+            f"token authentication failed ({said}): set RAY_AUTH_MODE=token and "
+            "RAY_AUTH_TOKEN_PATH to a file holding the cluster's token (docs/cluster.md)"
+        )
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"cannot join the cluster: {first}"
 
-    cause: BaseException | None = e
-    while cause is not None and not isinstance(cause, AuthenticationError):
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return f"cannot join the cluster: {first}"
-    said = str(cause.message).split(". ")[0].strip()
-    return (
-        f"token authentication failed ({said}): set RAY_AUTH_MODE=token and "
-        "RAY_AUTH_TOKEN_PATH to a file holding the cluster's token (docs/cluster.md)"
-    )
+
+@contextlib.contextmanager
+def _quiet_token_refusal(joining: bool) -> Iterator[None]:
+    """While ``joining`` a named cluster, keep what is written to file descriptor 2 aside,
+    and write it out afterwards unless the token was refused: then Ray's C++ client has
+    printed a warning on each of its 20 retries, and :func:`_join_failure`'s one line
+    says it all."""
+    if not joining:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    refused = False
+    with tempfile.TemporaryFile() as aside:
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            refused = _token_failure(e) is not None
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not refused:
+                aside.seek(0)
+                os.write(2, aside.read())
 
 
 def _remove_embedded() -> None:
