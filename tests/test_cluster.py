@@ -125,9 +125,11 @@ def test_cluster_yaml_is_valid_for_ray():
         jsonschema.validate({**config, "rsync_excludes": [".venv"]}, ray_schema)
 
 
-def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
+def test_cluster_commands_are_idempotent_and_pass_the_store_and_token_to_ray(tmp_path):
     """Run setup and start commands twice in bash with a stand-in ``ray`` and ``pip``:
-    ``.bashrc`` gets each line once, and ``ray start`` sees the store's variables."""
+    ``.bashrc`` gets each line once, the token and credentials become this account's
+    only, and ``ray start`` sees the store's variables and token authentication (which
+    ``cluster.env`` cannot turn off)."""
     config = _cluster_config()
     home = tmp_path / "home"
     venv_bin = home / "phasesweep" / ".venv" / "bin"
@@ -137,13 +139,18 @@ def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
         (venv_bin / tool).write_text(fake)
         (venv_bin / tool).chmod(0o755)
     (home / ".bashrc").write_text("# the user's own\n")
-    env_file = home / ".phasesweep" / "cluster.env"  # where file_mounts puts it
-    assert "/home/phasesweep/.phasesweep/cluster.env" in config["file_mounts"]
-    env_file.parent.mkdir()
+    private = home / ".phasesweep"  # where file_mounts puts the env file and the token
+    env_file, token = private / "cluster.env", private / "ray_token"
+    for path in (env_file, token):
+        assert f"/home/phasesweep/.phasesweep/{path.name}" in config["file_mounts"]
+    private.mkdir(mode=0o755)
     env_file.write_text(
         "PHASESWEEP_STORE=s3://bucket/results\nPHASESWEEP_S3_ENDPOINT=http://127.0.0.1:9\n"
-        "AWS_ACCESS_KEY_ID=key\nAWS_SECRET_ACCESS_KEY=secret\n"
+        "AWS_ACCESS_KEY_ID=key\nAWS_SECRET_ACCESS_KEY=secret\nRAY_AUTH_MODE=disabled\n"
     )
+    token.write_text("0" * 64)
+    for path in (env_file, token):
+        path.chmod(0o644)  # as a careless copy might leave them
     env = {"HOME": str(home), "PATH": os.environ["PATH"], "RAY_HEAD_IP": "127.0.0.1"}
     # `python3 -m venv` would build a real venv: keep the stand-in pip instead
     setup = [c.replace("python3 -m venv .venv && ", "") for c in config["setup_commands"]]
@@ -151,24 +158,38 @@ def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
         for command in setup + config["head_start_ray_commands"]:
             subprocess.run(["bash", "-c", command], env=env, cwd=home, check=True)
     bashrc = (home / ".bashrc").read_text().splitlines()
-    assert len(bashrc) == 3 and len(set(bashrc)) == 3, bashrc
-    started = dict(line.split("=", 1) for line in (home / "env.start").read_text().splitlines())
-    assert started["PHASESWEEP_STORE"] == "s3://bucket/results"
-    assert started["PHASESWEEP_S3_ENDPOINT"] == "http://127.0.0.1:9"
-    assert started["AWS_SECRET_ACCESS_KEY"] == "secret"
-    (home / "env.start").unlink()
+    assert len(bashrc) == 4 and len(set(bashrc)) == 4, bashrc
+    assert [oct(p.stat().st_mode & 0o777) for p in (private, env_file, token)] == [
+        "0o700", "0o600", "0o600"
+    ]  # fmt: skip
+
+    def started() -> dict[str, str]:
+        lines = (home / "env.start").read_text().splitlines()
+        (home / "env.start").unlink()
+        return dict(line.split("=", 1) for line in lines)
+
+    head = started()
+    assert head["PHASESWEEP_STORE"] == "s3://bucket/results"
+    assert head["PHASESWEEP_S3_ENDPOINT"] == "http://127.0.0.1:9"
+    assert head["AWS_SECRET_ACCESS_KEY"] == "secret"
     for command in config["worker_start_ray_commands"]:
         subprocess.run(["bash", "-c", command], env=env, cwd=home, check=True)
-    started = dict(line.split("=", 1) for line in (home / "env.start").read_text().splitlines())
-    assert started["AWS_ACCESS_KEY_ID"] == "key"
+    worker = started()
+    assert worker["AWS_ACCESS_KEY_ID"] == "key"
+    for node in (head, worker):
+        assert node["RAY_AUTH_MODE"] == "token" and node["RAY_AUTH_TOKEN_PATH"] == str(token)
     # an interactive shell on a node (`ray attach`) gets them from .bashrc
     shell = subprocess.run(
-        ["bash", "-c", "source ~/.bashrc; echo $PHASESWEEP_STORE"],
+        [
+            "bash",
+            "-c",
+            "source ~/.bashrc; echo $PHASESWEEP_STORE $RAY_AUTH_MODE $RAY_AUTH_TOKEN_PATH",
+        ],
         env=env,
         capture_output=True,
         text=True,
     )
-    assert shell.stdout.strip() == "s3://bucket/results"
+    assert shell.stdout.split() == ["s3://bucket/results", "token", str(token)]
 
 
 def _free_port() -> int:
