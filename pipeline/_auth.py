@@ -66,9 +66,12 @@ def private_folder(path: Path, create: bool = True) -> bool:
         parent.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(path, 0o700)
-            os.chmod(path, 0o700, follow_symlinks=False)  # whatever the umask
         except FileExistsError:
             pass
+        else:  # 0700 whatever the umask; the folder itself, never a link put in its place
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            os.fchmod(fd, 0o700)
+            os.close(fd)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -105,7 +108,7 @@ def token_file(folder: Path) -> Path:
     the Rays that use it read it again whenever they start a process."""
     path = folder / "auth_token"
     if not os.path.lexists(path):
-        draft = folder / f".auth_token.{os.getpid()}"
+        draft = folder / f".auth_token.{secrets.token_hex(4)}"
         fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)
