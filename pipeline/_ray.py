@@ -4,16 +4,34 @@ A launch runs on a private embedded Ray unless ``--address`` or ``$RAY_ADDRESS``
 names a cluster (``standing``: this user's standing local Ray, see
 :mod:`pipeline._standing`). A cluster someone else started on the machine is never
 joined unless named; an unreachable address fails within seconds (exit 2).
+
+Who else can use it (:mod:`pipeline._auth`, SECURITY.md): the local Rays this module
+starts or joins (embedded, standing) use Ray's token authentication with the token
+of this user's state folder, and keep their session files in a private folder; a
+named cluster is joined with whatever token the environment gives Ray
+(``RAY_AUTH_MODE=token`` and ``$RAY_AUTH_TOKEN_PATH``, docs/cluster.md), and a
+refused token is an argument error (exit 2). A launch whose Ray runs without token
+authentication says so once on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import socket
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
+from phasesweep.pipeline import _auth
 from phasesweep.pipeline import _standing as standing
 from phasesweep.pipeline.spec import SpecError
+
+#: The private folder of the embedded Ray this process started (removed when it stops).
+_embedded: list[str] = []
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -63,26 +81,40 @@ def connect(address: str | None) -> None:
     With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
     launch (``address="local"``: Ray never looks for a cluster someone else started on
     the machine), its trials at the priority of other processes
-    (:data:`pipeline._standing.LOCAL_DEFAULTS`). ``standing``: this user's standing local
-    Ray, started on demand and left running (:mod:`pipeline._standing`). Otherwise join
-    that cluster; an unreachable or malformed address is a :class:`SpecError` naming
-    ``--address`` (exit 2), raised within seconds.
+    (:data:`pipeline._standing.LOCAL_DEFAULTS`), its token the state folder's
+    (:func:`pipeline._standing.state_dir`), its session files in a private folder that
+    :func:`disconnect` removes. ``standing``: this user's standing local Ray, started on
+    demand and left running (:mod:`pipeline._standing`), joined with its token.
+    Otherwise join that cluster with the token settings of the environment; an
+    unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
+    ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
+    variables as the Ray it starts or joins needs them.
     """
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            return
     target = cluster_address(address)
     if address == STANDING:
-        os.environ.update(standing.ENV)
+        auth = standing.driver_env()
         standing.hold()
     elif not target:
         for name, value in standing.LOCAL_DEFAULTS.items():
             os.environ.setdefault(name, value)
+        user_off = _auth.disabled_by_user()
+        auth = _auth.token_env(None if user_off else _auth.token_file(standing.state_dir()))
+    else:
+        auth = None  # the environment's own settings, as Ray reads them
     if _on_loopback(target):
         # Ray resolves a loopback head address to the machine's outward IP unless
         # this is off (read when ray is first imported); keep everything on loopback.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        for name, value in standing.LOOPBACK.items():
+            os.environ.setdefault(name, value)
+    _auth.use_token(auth or {}, keep_token=auth is None)
     import ray
+    from ray.exceptions import AuthenticationError
 
-    if ray.is_initialized():
-        return
     if target:
         _check_reachable(target)
     kwargs: dict[str, Any] = dict(
@@ -90,24 +122,99 @@ def connect(address: str | None) -> None:
     )
     if _on_loopback(target):
         kwargs["_node_ip_address"] = "127.0.0.1"
+    if not target:
+        kwargs["_temp_dir"] = _auth.private_temp_dir()
+        _embedded.append(os.path.dirname(kwargs["_temp_dir"]))
     try:
-        ray.init(address=target or "local", **kwargs)
-    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
-        if not target:
+        with _quiet_token_refusal(bool(target)):
+            ray.init(address=target or "local", **kwargs)
+    except BaseException as e:
+        _remove_embedded()
+        joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
+        if target and isinstance(e, joining):
+            raise SpecError("--address", target, _join_failure(e), "argument") from None
+        raise
+    if _auth.joined_without_token():
+        if address == STANDING:
+            why = "it was started with RAY_AUTH_MODE=disabled"
+        elif _auth.disabled_by_user():
+            why = "RAY_AUTH_MODE=disabled in the environment"
+        else:
+            why = "it let this launch join without a token"
+        _auth.warn_open(f"the Ray at {target}" if target else "the embedded Ray", why)
+
+
+#: Ray's words for a token it refused or could not find, also where it passes them on only
+#: as text (the GCS client's last error, formatted into a RuntimeError).
+_AUTH_FAILED = re.compile(r"AuthenticationError: (.+?)(?:\. |\.?\n|\.?$)")
+
+
+def _token_failure(e: BaseException) -> str | None:
+    """Ray's words if ``e`` (or anything in its chain of causes) is a refused or missing
+    token, else None."""
+    cause: BaseException | None = e
+    while cause is not None:
+        found = _AUTH_FAILED.search(f"{type(cause).__name__}: {cause}")
+        if found:
+            return found.group(1)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _join_failure(e: BaseException) -> str:
+    """Why a named cluster could not be joined, in one line: a refused or missing token
+    with how to pass one, else Ray's first line."""
+    said = _token_failure(e)
+    if said is not None:
+        return (
+            f"token authentication failed ({said}): set RAY_AUTH_MODE=token and "
+            "RAY_AUTH_TOKEN_PATH to a file holding the cluster's token (docs/cluster.md)"
+        )
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"cannot join the cluster: {first}"
+
+
+@contextlib.contextmanager
+def _quiet_token_refusal(joining: bool) -> Iterator[None]:
+    """While ``joining`` a named cluster, keep what is written to file descriptor 2 aside,
+    and write it out afterwards unless the token was refused: then Ray's C++ client has
+    printed a warning on each of its 20 retries, and :func:`_join_failure`'s one line
+    says it all."""
+    if not joining:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    refused = False
+    with tempfile.TemporaryFile() as aside:
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            refused = _token_failure(e) is not None
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecError(
-            "--address", target, f"cannot join the cluster: {first}", "argument"
-        ) from None
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not refused:
+                aside.seek(0)
+                os.write(2, aside.read())
+
+
+def _remove_embedded() -> None:
+    while _embedded:
+        shutil.rmtree(_embedded.pop(), ignore_errors=True)
 
 
 def disconnect() -> None:
-    """Leave Ray now if this process started or joined it: a private local Ray stops, a
-    standing Ray or a named cluster goes on. For a process about to exit (the
-    ``phasesweep`` command): Ray's own exit hook would do the same, but first sleeps
-    0.5 s so that worker logs reach the console, which a launch never shows
-    (``log_to_driver=False`` in :func:`connect`)."""
+    """Leave Ray now if this process started or joined it: a private local Ray stops (and
+    its private folder goes), a standing Ray or a named cluster goes on. For a process
+    about to exit (the ``phasesweep`` command): Ray's own exit hook would do the same,
+    but first sleeps 0.5 s so that worker logs reach the console, which a launch never
+    shows (``log_to_driver=False`` in :func:`connect`)."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    _remove_embedded()

@@ -8,10 +8,17 @@ standing instance joins it instead (0.3 s) and leaves it running.
 
 - **On demand**: the first launch that names it starts it (about 4 s); later ones
   reuse it. Starts are serialised by a lock, so concurrent launches start one.
-- **This user's, on this machine**: on 127.0.0.1 only, in a folder of its own
-  (:func:`state_dir`: ``$TMPDIR/phasesweep-ray-$UID``, or ``$PHASESWEEP_STANDING_DIR``),
-  found through that folder's ``instance.json`` and nothing else, never through
-  Ray's own discovery. The embedded default never uses it.
+- **This user's, on this machine**: on 127.0.0.1 only, found through the
+  ``instance.json`` of its state folder (:func:`state_dir`) and nothing else, never
+  through Ray's own discovery. The embedded default never joins it.
+- **No one else's**: Ray's token authentication on; the token is the state folder's
+  ``auth_token`` (:func:`pipeline._auth.token_file`: written once by the first launch,
+  mode 0600), which every driver that joins presents (:func:`driver_env`). The state
+  folder is trusted only if it is this user's, mode 0700 and no symbolic link
+  (:func:`pipeline._auth.private_folder`), else every command refuses it (exit 2);
+  Ray's session files live in a private folder of their own. Where the user's
+  environment says ``RAY_AUTH_MODE=disabled`` the instance starts without a token
+  (recorded in ``instance.json``), and every launch that joins it says so on stderr.
 - **Stopped** by ``phasesweep standing stop``, or by its watchdog once no launch has used it
   for ``idle_minutes``. A launch holds a shared ``flock`` on ``in-use`` while it is
   connected (released by the kernel when it exits, even on SIGKILL); the watchdog
@@ -39,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from phasesweep.pipeline import _auth
+
 from phasesweep._config import SpecError
 
 #: Minutes a standing instance waits without launches before it stops itself (default;
@@ -48,10 +57,9 @@ IDLE_ENV = "PHASESWEEP_STANDING_IDLE_MINUTES"
 #: Seconds a start may take before it is given up (a loaded machine is slow).
 START_TIMEOUT = 180.0
 _POLL = 2.0
-#: Ray's settings for the head and for drivers that join it: a loopback address kept as
-#: it is, and no token auth (a driver does not present the token to a head it did not
-#: start); like any loopback service it is reachable by the machine's other users.
-ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: Ray's setting for the head and for drivers that join it: a loopback address kept as
+#: it is (Ray otherwise swaps it for the machine's outward address).
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 #: Defaults for every local Ray this tool starts (the embedded one too); the user's own
 #: environment wins. Ray runs its workers at nice 15 so that its control plane stays
 #: responsive, but here the workers are the trials, the work itself: beside any other
@@ -60,27 +68,48 @@ ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOCAL_DEFAULTS = {"RAY_worker_niceness": "0"}
 
 
-def _env() -> dict[str, str]:
-    """The environment of the head and of the drivers this module starts: :data:`ENV` over
-    :data:`LOCAL_DEFAULTS` and the caller's, and no ``$RAY_ADDRESS`` (it would name another
-    cluster)."""
-    env = {**LOCAL_DEFAULTS, **os.environ, **ENV}
+def _env(auth: dict[str, str]) -> dict[str, str]:
+    """The environment of the head and of the drivers this module starts: the instance's
+    token settings ``auth`` (:func:`pipeline._auth.token_env`) and :data:`LOOPBACK` over
+    :data:`LOCAL_DEFAULTS` and the caller's, and neither ``$RAY_ADDRESS`` (it would name
+    another cluster) nor ``$RAY_AUTH_TOKEN`` (it would override the token file)."""
+    env = {**LOCAL_DEFAULTS, **os.environ, **auth, **LOOPBACK}
     env.pop("RAY_ADDRESS", None)
+    env.pop(_auth.TOKEN, None)
     return env
 
 
-def state_dir() -> Path:
-    """The folder of this user's standing instance."""
-    given = os.environ.get("PHASESWEEP_STANDING_DIR")
-    return Path(given or os.path.join(tempfile.gettempdir(), f"phasesweep-ray-{os.getuid()}"))
+def state_dir(create: bool = True) -> Path:
+    """This user's state folder: the standing instance's files, and the token of every
+    local Ray phasesweep starts. ``$PHASESWEEP_STANDING_DIR``, else
+    ``$XDG_RUNTIME_DIR/phasesweep-ray`` (a folder of the user's own, emptied at logout)
+    where that exists, else ``$TMPDIR/phasesweep-ray-$UID``. Checked before any file in
+    it is used (:func:`pipeline._auth.private_folder`: exit 2 unless it is this user's,
+    mode 0700, no symbolic link); created when missing and ``create``."""
+    given = os.environ.get(_auth.FOLDER_ENV)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if given:
+        folder = Path(given)
+    elif runtime and os.path.isdir(runtime):
+        folder = Path(runtime) / "phasesweep-ray"
+    else:
+        folder = Path(tempfile.gettempdir()) / f"phasesweep-ray-{os.getuid()}"
+    _auth.private_folder(folder, create)
+    return folder
+
+
+def _record(folder: Path) -> dict | None:
+    """The state folder's ``instance.json`` (the folder already checked), or None."""
+    try:
+        return json.loads((folder / "instance.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _read() -> dict | None:
-    try:
-        info = json.loads((state_dir() / "instance.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return info if _alive(info) else None
+    folder = state_dir(create=False)
+    info = _record(folder) if folder.is_dir() else None
+    return info if info is not None and _alive(info) else None
 
 
 def _alive(info: dict) -> bool:
@@ -103,7 +132,6 @@ def address() -> str | None:
 @contextlib.contextmanager
 def _locked(name: str):
     folder = state_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(folder / name, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -134,7 +162,8 @@ def idle_minutes() -> float:
 
 
 def ensure(num_cpus: int | None = None) -> str:
-    """The standing instance's address, starting it first if none runs."""
+    """The standing instance's address, starting it first if none runs (with token
+    authentication, unless the caller's environment says ``RAY_AUTH_MODE=disabled``)."""
     idle = idle_minutes()
     found = address()
     if found:
@@ -145,22 +174,27 @@ def ensure(num_cpus: int | None = None) -> str:
             return found
         hold()  # from now on: the watchdog's idle clock must not run out while it starts
         port = _free_port()
-        ray_dir = tempfile.mkdtemp(prefix="r", dir=folder)  # short: Ray's socket paths
+        auth = _auth.DISABLED if _auth.disabled_by_user() else "token"
+        env = _env(driver_env({"auth": auth}))
+        private = os.path.dirname(_auth.private_temp_dir())  # Ray's temp folder: private/r
         command = [
             sys.executable, "-m", "phasesweep.pipeline._standing", "serve",
-            "--port", str(port), "--temp-dir", ray_dir, "--idle-minutes", str(idle),
+            "--port", str(port), "--private-dir", private, "--idle-minutes", str(idle),
             "--num-cpus", str(num_cpus or os.cpu_count() or 1),
         ]  # fmt: skip
-        log = open(folder / "standing.log", "ab")  # noqa: SIM115 (the child keeps it)
+        fd = os.open(folder / "standing.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         leader = subprocess.Popen(
-            command, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, env=env, stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
         )
-        log.close()
-        info = {"address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": ray_dir}
+        os.close(fd)  # the child keeps it
+        info = {
+            "address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": private, "auth": auth
+        }  # fmt: skip
         try:
-            _wait_joinable(info, leader)
+            _wait_joinable(info, leader, env)
         except BaseException:
             _kill_session(leader.pid)
+            shutil.rmtree(private, ignore_errors=True)
             raise
         tmp = folder / "instance.json.tmp"
         tmp.write_text(json.dumps(info))
@@ -168,7 +202,17 @@ def ensure(num_cpus: int | None = None) -> str:
         return info["address"]
 
 
-def _wait_joinable(info: dict, leader: subprocess.Popen) -> None:
+def driver_env(info: dict | None = None) -> dict[str, str]:
+    """Ray's settings for a driver of the standing instance ``info`` (default: the running
+    one): loopback, and its token file, or ``RAY_AUTH_MODE=disabled`` for an instance
+    started so (or by a version of phasesweep that recorded no ``auth``)."""
+    info = _read() if info is None else info
+    if info is not None and info.get("auth", _auth.DISABLED) == _auth.DISABLED:
+        return {**_auth.token_env(None), **LOOPBACK}
+    return {**_auth.token_env(_auth.token_file(state_dir())), **LOOPBACK}
+
+
+def _wait_joinable(info: dict, leader: subprocess.Popen, env: dict[str, str]) -> None:
     """Until a driver can join (the GCS answers before the raylet has registered)."""
     deadline = time.monotonic() + START_TIMEOUT
     join = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False)"
@@ -180,7 +224,7 @@ def _wait_joinable(info: dict, leader: subprocess.Popen) -> None:
             )
         if _alive(info):
             done = subprocess.run(
-                [sys.executable, "-c", join, info["address"]], env=_env(), capture_output=True
+                [sys.executable, "-c", join, info["address"]], env=env, capture_output=True
             )
             if done.returncode == 0:
                 return
@@ -202,10 +246,11 @@ def hold() -> None:
 
 def stop() -> bool:
     """Stop the standing instance (its whole session); False when none was running."""
+    if not state_dir(create=False).is_dir():
+        return False
     with _locked("start.lock") as folder:
-        try:
-            info = json.loads((folder / "instance.json").read_text())
-        except (OSError, ValueError):
+        info = _record(folder)
+        if info is None:
             return False
         (folder / "instance.json").unlink(missing_ok=True)
         _kill_session(int(info["pid"]))
@@ -238,13 +283,15 @@ def _kill_session(leader: int) -> None:
             os.waitpid(leader, 0)
 
 
-def _serve(port: int, temp_dir: str, idle_minutes: float, num_cpus: int) -> None:
-    """The session leader: start the head, then watch for idleness and stop the session."""
+def _serve(port: int, private_dir: str, idle_minutes: float, num_cpus: int) -> None:
+    """The session leader: start the head (Ray's temp folder inside ``private_dir``), then
+    watch for idleness, stop the session and remove ``private_dir``."""
     head = subprocess.Popen(
         [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
             f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-            f"--num-cpus={num_cpus}", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+            f"--num-cpus={num_cpus}", "--disable-usage-stats",
+            f"--temp-dir={os.path.join(private_dir, 'r')}",
         ]
     )  # fmt: skip
     in_use = os.open(state_dir() / "in-use", os.O_RDWR | os.O_CREAT, 0o600)
@@ -259,11 +306,10 @@ def _serve(port: int, temp_dir: str, idle_minutes: float, num_cpus: int) -> None
             break
         time.sleep(_POLL)
     with _locked("start.lock") as folder:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads((folder / "instance.json").read_text()).get("pid") == os.getpid():
-                (folder / "instance.json").unlink()
+        if (_record(folder) or {}).get("pid") == os.getpid():
+            (folder / "instance.json").unlink(missing_ok=True)
         _kill_session(os.getpid())
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    shutil.rmtree(private_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
@@ -272,8 +318,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python -m phasesweep.pipeline._standing")
     ap.add_argument("command", choices=["serve"])
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--temp-dir", required=True)
+    ap.add_argument("--private-dir", required=True)
     ap.add_argument("--idle-minutes", type=float, required=True)
     ap.add_argument("--num-cpus", type=int, required=True)
     a = ap.parse_args()
-    _serve(a.port, a.temp_dir, a.idle_minutes, a.num_cpus)
+    _serve(a.port, a.private_dir, a.idle_minutes, a.num_cpus)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pyarrow as pa
@@ -30,10 +32,25 @@ from phasesweep.storage import run_query
 _LOOPBACK_DRIVER = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
+def _token(folder: Path) -> Path:
+    """A cluster token file in ``folder``, as docs/cluster.md makes one (mode 0600)."""
+    path = folder / "ray_token"
+    path.write_text(secrets.token_hex(32))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
-def ray_cluster():
+def ray_cluster(monkeypatch, tmp_path):
+    """A head and a worker node in this process, with token authentication (the token in
+    this process's environment, so drivers started from it present it)."""
+    from phasesweep.pipeline._auth import refresh_ray
     from ray.cluster_utils import Cluster
 
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(_token(tmp_path)))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    refresh_ray()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
@@ -63,10 +80,31 @@ def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec, 
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
+    assert "without token authentication" not in err
     names, rows = run_query(store, "SELECT status, count(*) FROM runs GROUP BY status")
     assert rows == [("completed", 4)]
     # the trials ran on both nodes of the cluster
     assert run_query(store, "SELECT count(DISTINCT node_id) FROM runs")[1] == [(2,)]
+
+
+def test_a_launch_without_the_clusters_token_exits_2_and_writes_nothing(
+    tmp_path, ray_cluster, tiny_spec, phasesweep_cli
+):
+    """Another token, and none at all (Ray then joins an explicit address unauthenticated):
+    refused by the cluster, one line saying how to pass the token."""
+    store = tmp_path / "store"
+    other = tmp_path / "other"
+    other.mkdir()
+    fast = {**_LOOPBACK_DRIVER, "RAY_gcs_server_port_wait_time_s": "2"}  # Ray's retries
+    for env in ({"RAY_AUTH_TOKEN_PATH": str(_token(other))}, {"RAY_AUTH_MODE": "disabled"}):
+        args = ["run", str(tiny_spec()), "--store", str(store), "--address", ray_cluster.address]
+        proc = phasesweep_cli(args, env_extra={**fast, **env})
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "--address" in lines[0], err
+        assert "token authentication failed" in lines[0] and "RAY_AUTH_TOKEN_PATH" in lines[0]
+        assert not store.exists()
 
 
 def _cluster_config() -> dict:
@@ -87,9 +125,11 @@ def test_cluster_yaml_is_valid_for_ray():
         jsonschema.validate({**config, "rsync_excludes": [".venv"]}, ray_schema)
 
 
-def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
+def test_cluster_commands_are_idempotent_and_pass_the_store_and_token_to_ray(tmp_path):
     """Run setup and start commands twice in bash with a stand-in ``ray`` and ``pip``:
-    ``.bashrc`` gets each line once, and ``ray start`` sees the store's variables."""
+    ``.bashrc`` gets each line once, the token and credentials become this account's
+    only, and ``ray start`` sees the store's variables and token authentication (which
+    ``cluster.env`` cannot turn off)."""
     config = _cluster_config()
     home = tmp_path / "home"
     venv_bin = home / "phasesweep" / ".venv" / "bin"
@@ -99,13 +139,18 @@ def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
         (venv_bin / tool).write_text(fake)
         (venv_bin / tool).chmod(0o755)
     (home / ".bashrc").write_text("# the user's own\n")
-    env_file = home / ".phasesweep" / "cluster.env"  # where file_mounts puts it
-    assert "/home/phasesweep/.phasesweep/cluster.env" in config["file_mounts"]
-    env_file.parent.mkdir()
+    private = home / ".phasesweep"  # where file_mounts puts the env file and the token
+    env_file, token = private / "cluster.env", private / "ray_token"
+    for path in (env_file, token):
+        assert f"/home/phasesweep/.phasesweep/{path.name}" in config["file_mounts"]
+    private.mkdir(mode=0o755)
     env_file.write_text(
         "PHASESWEEP_STORE=s3://bucket/results\nPHASESWEEP_S3_ENDPOINT=http://127.0.0.1:9\n"
-        "AWS_ACCESS_KEY_ID=key\nAWS_SECRET_ACCESS_KEY=secret\n"
+        "AWS_ACCESS_KEY_ID=key\nAWS_SECRET_ACCESS_KEY=secret\nRAY_AUTH_MODE=disabled\n"
     )
+    token.write_text("0" * 64)
+    for path in (env_file, token):
+        path.chmod(0o644)  # as a careless copy might leave them
     env = {"HOME": str(home), "PATH": os.environ["PATH"], "RAY_HEAD_IP": "127.0.0.1"}
     # `python3 -m venv` would build a real venv: keep the stand-in pip instead
     setup = [c.replace("python3 -m venv .venv && ", "") for c in config["setup_commands"]]
@@ -113,24 +158,38 @@ def test_cluster_commands_are_idempotent_and_pass_the_store_to_ray(tmp_path):
         for command in setup + config["head_start_ray_commands"]:
             subprocess.run(["bash", "-c", command], env=env, cwd=home, check=True)
     bashrc = (home / ".bashrc").read_text().splitlines()
-    assert len(bashrc) == 3 and len(set(bashrc)) == 3, bashrc
-    started = dict(line.split("=", 1) for line in (home / "env.start").read_text().splitlines())
-    assert started["PHASESWEEP_STORE"] == "s3://bucket/results"
-    assert started["PHASESWEEP_S3_ENDPOINT"] == "http://127.0.0.1:9"
-    assert started["AWS_SECRET_ACCESS_KEY"] == "secret"
-    (home / "env.start").unlink()
+    assert len(bashrc) == 4 and len(set(bashrc)) == 4, bashrc
+    assert [oct(p.stat().st_mode & 0o777) for p in (private, env_file, token)] == [
+        "0o700", "0o600", "0o600"
+    ]  # fmt: skip
+
+    def started() -> dict[str, str]:
+        lines = (home / "env.start").read_text().splitlines()
+        (home / "env.start").unlink()
+        return dict(line.split("=", 1) for line in lines)
+
+    head = started()
+    assert head["PHASESWEEP_STORE"] == "s3://bucket/results"
+    assert head["PHASESWEEP_S3_ENDPOINT"] == "http://127.0.0.1:9"
+    assert head["AWS_SECRET_ACCESS_KEY"] == "secret"
     for command in config["worker_start_ray_commands"]:
         subprocess.run(["bash", "-c", command], env=env, cwd=home, check=True)
-    started = dict(line.split("=", 1) for line in (home / "env.start").read_text().splitlines())
-    assert started["AWS_ACCESS_KEY_ID"] == "key"
+    worker = started()
+    assert worker["AWS_ACCESS_KEY_ID"] == "key"
+    for node in (head, worker):
+        assert node["RAY_AUTH_MODE"] == "token" and node["RAY_AUTH_TOKEN_PATH"] == str(token)
     # an interactive shell on a node (`ray attach`) gets them from .bashrc
     shell = subprocess.run(
-        ["bash", "-c", "source ~/.bashrc; echo $PHASESWEEP_STORE"],
+        [
+            "bash",
+            "-c",
+            "source ~/.bashrc; echo $PHASESWEEP_STORE $RAY_AUTH_MODE $RAY_AUTH_TOKEN_PATH",
+        ],
         env=env,
         capture_output=True,
         text=True,
     )
-    assert shell.stdout.strip() == "s3://bucket/results"
+    assert shell.stdout.split() == ["s3://bucket/results", "token", str(token)]
 
 
 def _free_port() -> int:
@@ -147,11 +206,14 @@ _RAY_START = (
 )
 
 
-def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+def _ray_node(
+    env: dict[str, str], log: Path, *args: str, python: str = sys.executable, **popen: Any
+) -> subprocess.Popen:
     """``ray start --block`` in a session of its own (so the node can be killed whole),
-    every port chosen free so no other Ray on the machine is touched."""
+    every port chosen free so no other Ray on the machine is touched; ``python`` runs it,
+    ``popen`` goes to :class:`subprocess.Popen` (``user=``: as another account)."""
     command = [
-        sys.executable,
+        python,
         "-c",
         _RAY_START,
         "start",
@@ -166,7 +228,7 @@ def _ray_node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     ]
     out = open(log, "w")  # noqa: SIM115  (lives as long as the node)
     return subprocess.Popen(
-        command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **popen
     )
 
 
@@ -239,7 +301,8 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
         host, port = server.get_host_and_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
         env.update(
-            RAY_AUTH_MODE="disabled",  # loopback only; no token from the user's ~/.ray
+            RAY_AUTH_MODE="token",  # as cluster.yaml starts every node
+            RAY_AUTH_TOKEN_PATH=str(_token(tmp_path)),
             PHASESWEEP_S3_ENDPOINT=f"http://{host}:{port}",
             AWS_ACCESS_KEY_ID="testing",
             AWS_SECRET_ACCESS_KEY="testing",

@@ -50,7 +50,9 @@ def test_launches_share_one_standing_ray_until_stop(
         spec = tiny_spec({"name": name, "train.steps": 20})
         rc, out = _run(phasesweep_cli, spec, store, "--address", "standing")
         assert rc == 0, out
+        assert "without token authentication" not in out
         info = json.loads((standing_dir / "instance.json").read_text())
+        assert info["auth"] == "token"  # tests/test_security.py: no one else joins it
         nodes[name] = (info["pid"], _node_ids(store, name))
     # the second launch joined the instance the first one started, and it is still up
     assert nodes["first"] == nodes["second"]
@@ -77,11 +79,16 @@ def test_launches_share_one_standing_ray_until_stop(
 
 
 def test_an_idle_standing_ray_stops_itself(standing_dir, tmp_path, tiny_spec, phasesweep_cli):
+    """(Started without a token, as the user's environment asks: the launch says so once.)"""
     spec = tiny_spec({"name": "idle", "train.steps": 20})
-    env = {_standing.IDLE_ENV: "0.05"}  # 3 s without a launch
+    env = {_standing.IDLE_ENV: "0.05", "RAY_AUTH_MODE": "disabled"}  # 3 s without a launch
     rc, out = _run(phasesweep_cli, spec, tmp_path / "store", "--address", "standing", env=env)
     assert rc == 0, out
-    leader = json.loads((standing_dir / "instance.json").read_text())["pid"]
+    assert out.count("runs without token authentication") == 1, out
+    assert "started with RAY_AUTH_MODE=disabled" in out
+    info = json.loads((standing_dir / "instance.json").read_text())
+    assert info["auth"] == "disabled" and not (standing_dir / "auth_token").exists()
+    leader = info["pid"]
     deadline = time.monotonic() + 300
     while _standing.session_pids(leader) and time.monotonic() < deadline:
         time.sleep(1)
