@@ -44,16 +44,19 @@ import math
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from phasesweep.pipeline._auth import private_folder
 from phasesweep.pipeline._grid import GROUP_TAG_LEN, Chunk, Grid, Point, group_tag, tagged
 from phasesweep.pipeline._plan import ChunkTask, expand_task, siblings
 from phasesweep.pipeline._progress import Progress
@@ -375,13 +378,20 @@ def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.
 def launch_folder() -> Iterator[str]:
     """A local folder private to this launch (Tune's experiment directory goes here).
 
-    Folders live under ``$TMPDIR/phasesweep-tune-$UID/``; each holds a lock file its
-    launch keeps locked (``flock``) until it ends. The lock dies with its process, even
-    on SIGKILL, so every launch first removes the folders whose lock it can take: no
-    launch's temporary files outlive the next one. The base folder is removed when empty.
+    Folders live under ``$TMPDIR/phasesweep-tune-$UID/``, checked before use like the
+    Ray state folder (:func:`pipeline._auth.private_folder`: this account's, mode 0700,
+    no link; a folder another account planted there is refused, exit 2); each holds a
+    lock file its launch keeps locked (``flock``) until it ends. The lock dies with its
+    process, even on SIGKILL, so every launch first removes the folders whose lock it
+    can take: no launch's temporary files outlive the next one. The base folder is
+    removed when empty.
     """
     base = os.path.join(tempfile.gettempdir(), f"phasesweep-tune-{os.getuid()}")
-    os.makedirs(base, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(base)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            os.chmod(base, 0o700)  # an earlier version's folder: others could read it, not write
+    private_folder(Path(base))
     for name in os.listdir(base):
         folder = os.path.join(base, name)
         try:

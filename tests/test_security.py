@@ -370,3 +370,25 @@ def test_a_ray_without_token_authentication_is_said_once(state_folder):
     warnings = [line for line in launch.stderr.splitlines() if "without token auth" in line]
     assert len(warnings) == 1 and "RAY_AUTH_MODE=disabled" in warnings[0], launch.stderr
     assert (state_folder / "auth_token").exists()  # written by the second launch only
+
+
+def test_the_tune_folder_of_a_launch_is_checked_like_the_state_folder(tmp_path, monkeypatch):
+    """Tune's experiment folders live under $TMPDIR/phasesweep-tune-$UID: a link planted
+    there is refused (exit 2, nothing followed); a folder an earlier version left (ours,
+    0755: others could read it, not write it) is made 0700 and used."""
+    from phasesweep.pipeline._driver import launch_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = tmp_path / f"phasesweep-tune-{os.getuid()}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base.symlink_to(elsewhere)
+    with pytest.raises(SpecError, match="symbolic link"), launch_folder():
+        pass
+    assert not any(elsewhere.iterdir())
+    base.unlink()
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    with launch_folder() as folder:
+        assert Path(folder).parent == base
+        assert stat.S_IMODE(os.stat(base).st_mode) == 0o700
