@@ -71,6 +71,14 @@ def tournament(n: int) -> tuple[int, tuple[tuple[int, ...], ...]]:
     return big, tuple(gathers)
 
 
+@functools.lru_cache(maxsize=64)
+def _gathers(n: int, device: torch.device) -> Tensor:
+    """:func:`tournament`'s gathers as one (rounds, N) index tensor on ``device``, made
+    once per order and device: a tensor built from a list is a host-to-device copy, which
+    waits for the device."""
+    return torch.tensor(tournament(n)[1], device=device)
+
+
 def _rotation(a: Tensor, b: Tensor, g: Tensor, tol: float) -> tuple[Tensor, Tensor]:
     """The rotation (t = tan θ, and R = [[c, −s], [s, c]] as (…, 2, 2)) that zeroes g of the
     symmetric [[a, g], [g, b]] by R (·) Rᵀ; t = 0 (R = I exactly) where |g| ≤ tol·√|ab|,
@@ -89,8 +97,8 @@ class _Sweeps:
     largest change (E,) it made to an estimate; stops as the module docstring says."""
 
     def __init__(self, n: int, scale: Tensor, device: torch.device) -> None:
-        self.big, gathers = tournament(n)
-        self.gathers = [torch.tensor(g, device=device) for g in gathers]
+        self.big = tournament(n)[0]
+        self.gathers = _gathers(n, device)
         self.limit = n * torch.finfo(scale.dtype).eps * scale  # (E,)
 
     def run(self, round_) -> Tensor:

@@ -263,11 +263,13 @@ class StepGraph:
     def __init__(self, step: Callable[[], None], stepper) -> None:  # noqa: ANN001
         self.step, self.stepper = step, stepper
         self.warm = 0
+        self.replays = 0  # steps taken by the graph (the capture's included)
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self) -> None:
         if self.graph is not None:
             self.graph.replay()
+            self.replays += 1
             return
         if self.warm < GRAPH_WARMUP:
             self.warm += 1
@@ -283,6 +285,7 @@ class StepGraph:
             self.step()
         self.graph = graph
         graph.replay()  # the capture recorded the step; this takes it
+        self.replays += 1
 
 
 #: Eager non-logged steps before the step is captured as a CUDA graph.
@@ -508,6 +511,8 @@ class ChunkTrainer:
             graph = StepGraph(
                 lambda: self.fused_step(stepper, members, params, xs, ys, members.step), stepper
             )
+        #: the captured non-logged step (None off CUDA); read by tests/test_gpu.py
+        self.step_graph = graph
         timer = _Timer(self.device)
         mark = time.perf_counter()
         for k in range(start, steps + 1):

@@ -7,60 +7,44 @@ paths store. The same checks on a real GPU are in ``tests/test_gpu.py``."""
 from __future__ import annotations
 
 import io
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from chunks import checkpoint_at, only_chunk, small_spec
 from host_reads import HostReads
 from phasesweep.pipeline import _device, _models
-from phasesweep.pipeline._grid import expand, make_chunks
 from phasesweep.pipeline._trainer import (
     ChunkTrainer,
     LoopState,
     metrics_block,
     train_chunk,
 )
-from phasesweep.pipeline.spec import validate_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+
+from benchmarks.gpu import column_differences  # noqa: E402
 
 torch.set_num_threads(1)
 
 #: Stored columns that are the same computation in another order of kernels on the
 #: accelerator's paths (Jacobi instead of LAPACK): equal to round-off, not bit for bit.
-SPECTRAL = {"ntk_eig_min", "ntk_eig_max", "lin_test_loss", "lin_distance"}
-SPECTRAL_LAYERS = {"top_sv", "delta_top_sv", "stable_rank"}
-#: Columns that differ between any two runs.
-CLOCK = {"wall_seconds", "chunk_wall_seconds", "finished_at"}
-KEYS = {
-    "runs": ["run_id"],
-    "trajectories": ["run_id", "step"],
-    "layers": ["run_id", "step", "layer"],
+SPECTRAL = {
+    "trajectories.ntk_eig_min",
+    "trajectories.ntk_eig_max",
+    "trajectories.lin_test_loss",
+    "trajectories.lin_distance",
+    "layers.top_sv",
+    "layers.delta_top_sv",
+    "layers.stable_rank",
 }
 
 
-def _spec(model=None, data=None, train=None, metrics=None, grid=None):
-    raw = {
-        "name": "t",
-        "model": {"depth": 3, "width": 12, "activation": "relu", "bias": True, **(model or {})},
-        "data": {"n_train": 16, "n_test": 20, "input_dim": 5}
-        | (data or {"kind": "subspace", "subspace_dim": 2}),
-        "train": {"steps": 60, "lr": 0.1, "log_points": 12, **(train or {})},
-        "metrics": {"probe_size": 8, "spectra_budget": None, **(metrics or {})},
-        "grid": grid or {"init_scale": [0.3, 1.0], "lr": [0.05, 0.2, 200.0], "seed": [0, 1]},
-    }
-    return validate_spec(raw)
-
-
-def _chunk(spec):
-    return make_chunks(expand(spec), spec)[0]
-
-
-def _frame(tables, name):
-    return tables[name].to_pandas().sort_values(KEYS[name]).reset_index(drop=True)
-
-
-def _lists(column) -> np.ndarray:
-    return np.concatenate([np.asarray(v, float) for v in column if v is not None] or [[]])
+def _without(tables, column):
+    return {name: t.drop_columns([column]) for name, t in tables.items()}
 
 
 # -- the device a trial trains on ------------------------------------------------------------
@@ -93,7 +77,7 @@ def test_a_trial_given_a_gpu_that_torch_cannot_use_fails_and_says_how_to_fix_it(
 
 
 def test_the_accelerator_paths_are_taken_off_the_cpu_only():
-    assert not _device.accelerated("cpu") and not ChunkTrainer(_chunk(_spec())).accelerated
+    assert not _device.accelerated("cpu") and not ChunkTrainer(only_chunk(small_spec())).accelerated
     assert _device.accelerated("cuda") and _device.accelerated(torch.device("meta"))
 
 
@@ -104,36 +88,20 @@ class _Stop(Exception):
     pass
 
 
-def _snapshot_at(chunk, k, **kwargs) -> bytes:
-    """A checkpoint of ``chunk`` taken before step k, as the driver writes it."""
-    saved = []
-
-    def hook(step, state):
-        if step == k:
-            buf = io.BytesIO()
-            torch.save(state(), buf)
-            saved.append(buf.getvalue())
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        train_chunk(chunk, hook=hook, **kwargs)
-    return saved[0]
-
-
 def test_a_checkpoint_resumes_on_a_device_other_than_the_one_that_wrote_it():
     """Loaded onto the CPU (as the driver loads every checkpoint), resumed by a trainer on
     another device (``meta``: a device without data, so any host read in the step
     raises): the training state moves to the trainer's device, the logged rows stay on
     the host, and the non-logged steps run there up to the next checkpoint. Before the
     fix the rows went to the device and ``.numpy()`` on them failed."""
-    spec = _spec(
+    spec = small_spec(
         train={"steps": 600, "log_points": 8},
         metrics={"ntk": False},  # the kernel predictor reads its eigen-solver's convergence
     )
-    chunk = _chunk(spec)
+    chunk = only_chunk(spec)
     # no logged step in [480, 496): the trainer on `meta` takes 16 non-logged steps
     assert not set(range(480, 496)) & set(np.unique(np.geomspace(1, 600, 8).round()))
-    state = torch.load(io.BytesIO(_snapshot_at(chunk, 480)), map_location="cpu", weights_only=True)
+    state = torch.load(io.BytesIO(checkpoint_at(chunk, 480)), map_location="cpu", weights_only=True)
     seen = []
 
     def stop(k, state_now):
@@ -156,26 +124,23 @@ def test_resume_from_the_store_equals_an_uninterrupted_run(tmp_path, accelerated
     from phasesweep.pipeline._driver import checkpoint_path, train_and_store
     from phasesweep.storage import Store
 
-    spec = _spec(train={"steps": 90}, grid={"lr": [0.05, 0.2, 200.0], "seed": [0, 1]})
-    chunk = _chunk(spec)
+    spec = small_spec(train={"steps": 90}, grid={"lr": [0.05, 0.2, 200.0], "seed": [0, 1]})
+    chunk = only_chunk(spec)
     store = Store.open(str(tmp_path / "store"))
     ids = [p.run_id for p in chunk.points]
-    store.put(checkpoint_path(store, "t", chunk.chunk_id, ids), _snapshot_at(chunk, 48))
+    store.put(checkpoint_path(store, "t", chunk.chunk_id, ids), checkpoint_at(chunk, 48))
     summary = train_and_store(store.uri, "t", chunk, "cpu")
     assert summary["resumed"] == len(ids) and summary["points"] == len(ids)
     whole = ChunkTrainer(chunk, accelerated=accelerated).run()
-    for name in ("trajectories", "layers"):
-        stored = pa.concat_tables([pq.read_table(f) for f in store.readable_files(name, "t")])
-        a = stored.select(whole[name].column_names).to_pandas()
-        a = a.sort_values(KEYS[name]).reset_index(drop=True)
-        b = _frame(whole, name)
-        for col in b.columns:
-            if col == "attempt" or (col in SPECTRAL | SPECTRAL_LAYERS and accelerated):
-                continue  # the store's; Jacobi against LAPACK: test_accelerated_paths_...
-            if b[col].dtype == object and col != "run_id":
-                assert np.array_equal(_lists(a[col]), _lists(b[col]), equal_nan=True), col
-            else:
-                assert a[col].equals(b[col]), col
+    stored = {
+        name: pa.concat_tables([pq.read_table(f) for f in store.readable_files(name, "t")])
+        .select(whole[name].column_names)
+        .drop_columns(["attempt"])  # the store's
+        for name in whole
+    }
+    for column, d in column_differences(stored, _without(whole, "attempt")).items():
+        exact = not accelerated or column not in SPECTRAL  # Jacobi against LAPACK: below
+        assert d["null_mismatches"] == 0 and (d["max_rel_diff"] == 0 or not exact), column
 
 
 # -- the accelerator's paths on the CPU ------------------------------------------------------
@@ -193,7 +158,7 @@ def test_the_capturable_step_run_eagerly_equals_the_cpu_step(train):
     """The non-logged step with its step index as a device tensor (what a CUDA graph
     captures) against the same step with Python integers: every parameter and every
     piece of state bit for bit, step after step, a diverging member included."""
-    trainer = ChunkTrainer(_chunk(_spec(train=train)))
+    trainer = ChunkTrainer(only_chunk(small_spec(train=train)))
     sgd = trainer.base.train.optimizer == "sgd"
     stepper = trainer.make_step()
     runs = []
@@ -239,43 +204,23 @@ def test_accelerated_paths_store_what_the_cpu_paths_store(case):
     equals the CPU paths' bit for bit, but the spectra, which a different method computes:
     those within a few ulps of their scale (the kernel's largest eigenvalue, the layer's
     largest singular value, the output's RMS), as any two backward-stable solvers."""
-    chunk = _chunk(_spec(**case))
+    chunk = only_chunk(small_spec(**case))
     cpu = ChunkTrainer(chunk).run()
     acc = ChunkTrainer(chunk, accelerated=True).run()
     float32 = case.get("train", {}).get("dtype") == "float32"
     ulps = 64 * torch.finfo(torch.float32 if float32 else torch.float64).eps
-    for name in KEYS:
-        a, b = _frame(cpu, name), _frame(acc, name)
-        assert list(a.columns) == list(b.columns) and len(a) == len(b)
-        for col in a.columns:
-            if col in CLOCK:
-                continue
-            if col in SPECTRAL | SPECTRAL_LAYERS:
-                x, y = (
-                    (_lists(a[col]), _lists(b[col]))
-                    if a[col].dtype == object
-                    else (a[col].to_numpy(float), b[col].to_numpy(float))
-                )
-                assert np.array_equal(np.isnan(x), np.isnan(y)), col
-                scale = {
-                    "ntk_eig_min": a.get("ntk_eig_max"),
-                    "ntk_eig_max": a.get("ntk_eig_max"),
-                    "lin_test_loss": a.get("lin_test_loss"),
-                    "lin_distance": a.get("output_norm"),
-                }.get(col)
-                scale = np.nanmax(np.abs(x)) if scale is None else np.nanmax(scale)
-                assert np.nanmax(np.abs(x - y), initial=0.0) <= ulps * scale, col
-            elif a[col].dtype == object and col not in ("run_id", "status", "device"):
-                assert np.array_equal(_lists(a[col]), _lists(b[col]), equal_nan=True), col
-            else:
-                assert a[col].equals(b[col]), col
+    differences = column_differences(cpu, acc)
+    assert {"trajectories.train_loss", "layers.top_sv", "runs.t_cross_050"} <= set(differences)
+    for column, d in differences.items():
+        assert d["null_mismatches"] == 0, column
+        assert d["max_rel_diff"] <= (ulps if column in SPECTRAL else 0.0), column
 
 
 def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
     """On the accelerator's paths: a non-logged step reads nothing on the host; a logged
     step copies its packed rows once, and otherwise reads only the batched spectra's
     convergence flags (one per sweep) where it computes them."""
-    chunk = _chunk(_spec(train={"steps": 80, "log_points": 10}))
+    chunk = only_chunk(small_spec(train={"steps": 80, "log_points": 10}))
     trainer = ChunkTrainer(chunk, accelerated=True)
     step, log_step = trainer.fused_step, trainer.log_step
     steps, logged = [], []
@@ -300,7 +245,7 @@ def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
 
 
 def test_the_cpu_step_reads_nothing_on_the_host_either():
-    trainer = ChunkTrainer(_chunk(_spec(train=TRAINS["sgd"])))
+    trainer = ChunkTrainer(only_chunk(small_spec(train=TRAINS["sgd"])))
     step, reads = trainer.fused_step, []
 
     def counted(*args, **kwargs):
@@ -333,7 +278,7 @@ def test_the_block_budget_is_measured_once_per_stepper(monkeypatch):
     calls = []
     real = _models.block_budget
     monkeypatch.setattr(_models, "block_budget", lambda device: calls.append(1) or real(device))
-    trainer = ChunkTrainer(_chunk(_spec()))
+    trainer = ChunkTrainer(only_chunk(small_spec()))
     stepper = trainer.make_step()
     params, x, y = trainer.params0.clone(), trainer.batch.x_train, trainer.batch.y_train
     eta = torch.full((trainer.E,), 0.01, dtype=trainer.dtype)
