@@ -6,21 +6,19 @@ know: ``nonzero``, ``masked_select``, ``equal``, boolean indexing).
 A GPU counts these with ``torch.cuda.set_sync_debug_mode``; this counts them where the
 tests run, on CPU tensors, so that "no host synchronisation in a non-logged step" is
 checked on every machine. Each read is recorded with the project's function that asked
-for it (the innermost frame in ``pipeline/`` or ``storage/``), e.g.
-``("_trainer", "add")``.
+for it (the innermost frame of a ``phasesweep.pipeline`` or ``phasesweep.storage``
+module), e.g. ``("_trainer", "add")``.
 """
 
 from __future__ import annotations
 
-import traceback
-from pathlib import Path
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_ROOT = Path(__file__).resolve().parents[1]
-_OURS = tuple(str(_ROOT / folder) for folder in ("pipeline", "storage"))
+_OURS = ("phasesweep.pipeline.", "phasesweep.storage.")
 
 #: Tensor methods that hand a value to the host.
 _METHODS = {"item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "cpu"}
@@ -29,9 +27,12 @@ _OPERATORS = {"_local_scalar_dense", "nonzero", "masked_select", "equal", "is_no
 
 
 def _caller() -> tuple[str, str]:
-    for frame in reversed(traceback.extract_stack()):
-        if frame.filename.startswith(_OURS):
-            return Path(frame.filename).stem, frame.name
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_OURS):
+            return module.rpartition(".")[2], frame.f_code.co_name
+        frame = frame.f_back
     return ("elsewhere", "")
 
 
