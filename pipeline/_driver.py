@@ -134,15 +134,16 @@ def checkpoint_path(store: Store, sweep: str, chunk_id: str, run_ids: Sequence[s
 
 
 def _load_checkpoint(store: Store, path: str, device: str) -> dict | None:
-    """The checkpoint at ``path`` with its tensors on ``device`` (the node that resumes
-    may differ from the one that wrote it), or None."""
+    """The checkpoint at ``path``, or None. Its tensors load onto the CPU whatever the
+    device that wrote it or the ``device`` that resumes: the trainer moves what trains to
+    its device and keeps the logged rows on the host (:meth:`ChunkTrainer.run`)."""
     import torch
 
     try:
         data = store.fs.cat_file(path)
     except FileNotFoundError:
         return None
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 class _StepHook:
@@ -335,11 +336,12 @@ def _trial(
     (:func:`_encode`). Threads = the CPUs Ray gave this trial."""
     import ray
     import torch
+    from phasesweep.pipeline._device import trial_device
     from ray import tune
 
     assigned = ray.get_runtime_context().get_assigned_resources()
     torch.set_num_threads(max(1, int(assigned.get("CPU", 1))))
-    device = "cuda" if assigned.get("GPU", 0) > 0 and torch.cuda.is_available() else "cpu"
+    device = str(trial_device(assigned))  # a GPU given and unusable: a clear error
     _, item = config["chunk"]
     if isinstance(item, ChunkTask):
         chunk, plan = expand_task(grid, item), {"siblings": siblings(grid, item)}

@@ -67,6 +67,9 @@ class LinearStep:
         """Members per block: the whole ensemble (for reports alike with EnsembleStep)."""
         return self.E
 
+    def reset(self) -> None:
+        """Nothing cached to drop (the interface of EnsembleStep)."""
+
     def _suffixes(self, weights: list[Tensor]) -> list[Tensor | None]:
         """S_l = M_L ⋯ M_{l+1} for l = 1 … L, each (E, k, n_l); None for the identity."""
         c, L = self._c, len(weights)

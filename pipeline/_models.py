@@ -368,6 +368,7 @@ class EnsembleStep:
         self.E = n_members
         self.block = block
         self.budget = budget
+        self._budgets: dict[torch.device, int | None] = {}  # block_budget, once per device
         self._cache: dict[tuple, tuple[list[Tensor], list[Tensor], list[_Block]]] = {}
         self._data: tuple[tuple, list[tuple[Tensor, Tensor]]] | None = None
         # one slope for every member is a float: the activation's in-place kernels take it
@@ -405,15 +406,20 @@ class EnsembleStep:
 
     def block_size(self, x: Tensor, shared: bool | None = None) -> int:
         """Most members per block for inputs ``x`` (E, n, d): as many as fit the budget
-        (``budget`` if given, else :func:`block_budget` of x's device: a cache on CPU,
-        part of the free memory on a GPU; a shared input counted once, not per member),
+        (``budget`` if given, else :func:`block_budget` of x's device, measured at the
+        first call: a cache on CPU, part of the memory free then on a GPU; a shared input
+        counted once, not per member),
         the whole ensemble where there is no budget. Blocks are of equal size (±1) up to
         this. ``shared``: whether the block's first layer is one GEMM (:meth:`shared`;
         None: as it would be for contiguous weights); then at least input_dim // width
         members (up to :data:`SHARED_MIN_BLOCK`)."""
         if self.block is not None:
             return max(1, min(self.block, self.E))
-        budget = self.budget if self.budget is not None else block_budget(x.device)
+        budget = self.budget
+        if budget is None:  # measured once: free memory is a host query (and a sync) on CUDA
+            if x.device not in self._budgets:
+                self._budgets[x.device] = block_budget(x.device)
+            budget = self._budgets[x.device]
         if budget is None:
             return self.E
         shared = self._wide(x) if shared is None else shared
@@ -452,6 +458,13 @@ class EnsembleStep:
         # the cache holds the tensors themselves, so their ids cannot be reused meanwhile
         self._cache[key] = (tensors, bufs, blocks)
         return bufs, blocks
+
+    def reset(self) -> None:
+        """Drop the cached views and buffers; the next call lays them out afresh. A CUDA
+        graph captured after this owns the buffers it writes (they are allocated during
+        the capture, in its memory pool)."""
+        self._cache.clear()
+        self._data = None
 
     def _data_for(self, x: Tensor, y: Tensor, blocks: list[_Block]) -> list[tuple[Tensor, Tensor]]:
         if self._data is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from phasesweep.pipeline import _jacobi
 from phasesweep.pipeline._models import EnsembleMLP, Forward, Params
 from torch import Tensor
 
@@ -147,18 +148,20 @@ def kernel_alignment(k: Tensor, y: Tensor) -> Tensor:
     return inner / (_fro(k) * _fro(target))
 
 
-def extreme_eigenvalues(k: Tensor) -> tuple[Tensor, Tensor]:
+def extreme_eigenvalues(k: Tensor, jacobi: bool = False) -> tuple[Tensor, Tensor]:
     """Smallest and largest eigenvalue of each symmetric (E, P, P) kernel; NaN for a
     member whose kernel is not finite (it does not stop the others).
 
-    A finite total means every entry is finite (NaN and ±inf propagate through a
-    sum), so the usual case costs one reduction, not a mask and a masked copy."""
-    if bool(torch.isfinite(k.sum()).item()):
+    LAPACK: a finite total means every entry is finite (NaN and ±inf propagate through a
+    sum), so the usual case costs one reduction and one host read, not a mask and a
+    masked copy. ``jacobi``: by :func:`pipeline._jacobi.eigh`, always masked (no host
+    read of the total)."""
+    if not jacobi and bool(torch.isfinite(k.sum()).item()):
         ev = torch.linalg.eigvalsh(k)
         return ev[:, 0], ev[:, -1]
     ok = torch.isfinite(k).reshape(k.shape[0], -1).all(1)
     safe = torch.where(ok.view(-1, 1, 1), k, torch.zeros((), dtype=k.dtype, device=k.device))
-    ev = torch.linalg.eigvalsh(safe)
+    ev = _jacobi.eigh(safe)[0] if jacobi else torch.linalg.eigvalsh(safe)
     nan = torch.full_like(ev[:, 0], float("nan"))
     return torch.where(ok, ev[:, 0], nan), torch.where(ok, ev[:, -1], nan)
 
@@ -179,12 +182,14 @@ class KernelFlow:
     O(E·P·n) per call. Members ``(E, …)`` throughout.
     """
 
-    def __init__(self, k_all: Tensor, f0: Tensor, y_train: Tensor) -> None:
+    def __init__(self, k_all: Tensor, f0: Tensor, y_train: Tensor, jacobi: bool = False) -> None:
         """``k_all`` (E, n + P, n + P): the NTK at init on [X; P]; ``f0`` (E, n + P, 1) the
-        outputs at init there; ``y_train`` (E, n, 1)."""
+        outputs at init there; ``y_train`` (E, n, 1). ``jacobi``: the eigendecomposition
+        by :func:`pipeline._jacobi.eigh` instead of LAPACK."""
         n = y_train.shape[1]
         self.n = n
-        lam, v = torch.linalg.eigh(k_all[:, :n, :n])
+        k_xx = k_all[:, :n, :n]
+        lam, v = _jacobi.eigh(k_xx, vectors=True) if jacobi else torch.linalg.eigh(k_xx)
         self.lam = lam.clamp(min=0.0)
         self.kx_v = torch.bmm(k_all[:, n:, :n], v)  # (E, P, n)
         self.a = torch.bmm(v.transpose(1, 2), f0[:, :n] - y_train)  # (E, n, 1)

@@ -7,16 +7,26 @@ names re-exported here are private details that may move.
 """
 
 from phasesweep.storage import schema
-from phasesweep.storage._catalog import open_catalog
-from phasesweep.storage._maintenance import compact, verify
-from phasesweep.storage._query import (
-    ReadOnlyQueryError,
-    query_table,
-    run_query,
-    sql_condition,
-)
-from phasesweep.storage._store import DamagedFileWarning, Store, resolve_store_uri
-from phasesweep.storage._writer import UnsafePathError, safe_output_path
+
+from phasesweep._lazy import lazy_exports
+
+#: Public name -> the module that defines it, imported on first access: the trainer needs
+#: only :mod:`storage.schema`, and a GPU machine that runs it alone (``scripts/gpu-check``)
+#: need not have DuckDB or fsspec.
+_EXPORTS = {
+    "DamagedFileWarning": "phasesweep.storage._store",
+    "ReadOnlyQueryError": "phasesweep.storage._query",
+    "Store": "phasesweep.storage._store",
+    "UnsafePathError": "phasesweep.storage._writer",
+    "compact": "phasesweep.storage._maintenance",
+    "open_catalog": "phasesweep.storage._catalog",
+    "query_table": "phasesweep.storage._query",
+    "resolve_store_uri": "phasesweep.storage._store",
+    "run_query": "phasesweep.storage._query",
+    "safe_output_path": "phasesweep.storage._writer",
+    "sql_condition": "phasesweep.storage._query",
+    "verify": "phasesweep.storage._maintenance",
+}
 
 __all__ = [
     "DamagedFileWarning",
@@ -33,3 +43,4 @@ __all__ = [
     "sql_condition",
     "verify",
 ]
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

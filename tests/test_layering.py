@@ -1,7 +1,8 @@
 """The layering of the three packages, checked on the source (every import statement,
 those inside functions included) and on what an import really loads.
 
-- ``storage`` imports no other package of ours (only the shared ``phasesweep._config``);
+- ``storage`` imports no other package of ours (only the shared ``phasesweep._config`` and
+  ``phasesweep._lazy``, its lazy ``__init__``);
 - ``analysis`` reads the store, the shared config and ``phasesweep._lazy`` (its lazy
   ``__init__``), never the training package (nor
   the top-level ``phasesweep._api``, which imports it);
@@ -31,7 +32,7 @@ PACKAGES = {
 #: module or package of ours -> the modules of ours it may import (prefixes: a package
 #: allows its submodules). The most specific entry applies.
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "phasesweep.storage": ("phasesweep.storage", "phasesweep._config"),
+    "phasesweep.storage": ("phasesweep.storage", "phasesweep._config", "phasesweep._lazy"),
     "phasesweep.analysis": (
         "phasesweep.analysis",
         "phasesweep.storage",

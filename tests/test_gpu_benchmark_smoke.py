@@ -1,0 +1,72 @@
+"""benchmarks/gpu.py at toy size on the CPU: structure and consistency, never speed.
+
+No GPU has run it yet (benchmarks/README.md); this keeps the code path it measures, and
+its report, from rotting until one does: the same trainer paths a GPU takes (device
+clock, packed copies, one metrics block, Jacobi spectra) on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+
+from benchmarks import gpu  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
+    report = gpu.run(
+        "quick", "cpu", members=(16, 32), widths=(8,), depths=(2,), steps=200, log_points=5,
+        agree=4, peak_seconds=0.02, out_dir=tmp_path,
+    )  # fmt: skip
+    data = json.loads((tmp_path / "gpu.quick.json").read_text())
+    md = (tmp_path / "gpu.quick.md").read_text()
+    assert data == json.loads(json.dumps(report)) and data["name"] == "cpu"
+    assert [(r["width"], r["depth"], r["members"]) for r in data["rows"]] == [
+        (8, 2, 16),
+        (8, 2, 32),
+    ]
+    for r in data["rows"]:
+        rate = r["member_steps_per_s"]
+        assert math.isclose(rate, r["members"] * 200 / r["train_s"])
+        assert rate >= r["member_steps_per_s_wall"] > 0 and r["peak_fraction"] > 0
+        assert r["train_s"] > 0 and r["metrics_s"] > 0
+        # the CPU has no kernels or launches; its host dispatches the step's operators
+        assert r["kernels_per_step"] == r["launches_per_step"] == 0
+        assert 10 < r["host_ops_per_step"] < 200
+        assert r["window"][1] - r["window"][0] == 16
+    (agree,) = data["agreement"]
+    assert agree["points"] == 4 and agree["null_mismatches"] == 0
+    assert agree["columns"] == len(agree["per_column"]) > 50
+    assert 0 < agree["max_rel_diff"] < 1e-12  # the spectra: Jacobi against LAPACK
+    exact = {c for c, d in agree["per_column"].items() if d["max_rel_diff"] == 0}
+    assert {"trajectories.train_loss", "trajectories.kernel_distance", "runs.status"} <= exact
+    assert "## Agreement with the CPU" in md and agree["worst_column"] in md
+
+
+def test_column_differences_sees_a_changed_value_and_a_moved_null():
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    points = gpu.training.grid_points(gpu.spec_for(4, 8, 2, 30, 4))
+    a = gpu.ChunkTrainer(gpu.Chunk("c", tuple(points))).run()
+    assert all(
+        d == {"max_rel_diff": 0.0, "null_mismatches": 0}
+        for d in gpu.column_differences(a, a).values()
+    )
+    t = a["trajectories"]
+    i = t.column_names.index("test_loss")
+    loss = t.column("test_loss")
+    moved = pc.if_else(
+        pa.array([j == 0 for j in range(t.num_rows)]), None, pc.multiply(loss, 1.001)
+    )
+    b = {**a, "trajectories": t.set_column(i, "test_loss", moved)}
+    d = gpu.column_differences(a, b)["trajectories.test_loss"]
+    assert d["null_mismatches"] == 1 and 0.0005 < d["max_rel_diff"] < 0.002
