@@ -725,18 +725,19 @@ def metrics_block(
     itemsize: int,
     device: torch.device,
     accelerated: bool | None = None,
+    kernels: bool = True,
 ) -> int:
     """Most members per block of metrics.
 
     On CPU as many as fit :data:`METRICS_BLOCK_BYTES` (at most :data:`METRICS_BLOCK`) with
     the probe activations and sensitivities (probe × Σ widths, twice), a few probe × probe
-    kernels and three copies of θ each. ``accelerated`` (default: off the CPU): as many as
+    kernels (where ``kernels``: the NTK metrics are on) and three copies of θ each. ``accelerated`` (default: off the CPU): as many as
     fit :data:`~pipeline._models.DEVICE_MEMORY_FRACTION` of the device's free memory with,
     besides, four copies of the largest matrix the batched spectra rotate; no limit where
     the device does not report it. On a GPU that is the whole chunk: a logged step costs
     one pass of the metrics' kernels, not one per cache-sized block."""
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
-    per_member = itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe + 3 * n_params)
+    per_member = itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels + 3 * n_params)
     if not (is_accelerated(device) if accelerated is None else accelerated):
         return max(1, min(METRICS_BLOCK, METRICS_BLOCK_BYTES // per_member))
     largest = max([probe * probe] + [a * b for a, b in zip(dims[:-1], dims[1:])])
@@ -785,6 +786,7 @@ def _member_blocks(make, trainer: ChunkTrainer):
         trainer.params0.weights[0].element_size(),
         trainer.device,
         trainer.accelerated,
+        kernels=trainer.base.metrics.ntk,
     )
     if block >= E:
         return make(trainer.net, trainer.params0, trainer.batch)
