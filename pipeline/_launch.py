@@ -71,8 +71,9 @@ def stored_spec(store: Store | str | None, sweep: str) -> SweepSpec | None:
     return None if text is None else validate_spec(parse_yaml(text))
 
 
-#: Spec sections that say how a sweep runs, not what it computes: a relaunch may change them.
-RELAUNCH_FREE = ("execution",)
+#: Spec sections that say how a sweep runs or is read, not what it trains: a relaunch may
+#: change them (e.g. ``analysis.at_time``; ``analyze`` reads the stored spec's).
+RELAUNCH_FREE = ("execution", "analysis", "plots")
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -206,6 +207,7 @@ def plan_sweep(
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
     check_relaunch(store, spec, extend)
+    spec.check_at_time()
     total = grid_size(spec)
     done = store.done_run_ids(spec.name)
     # Chunks of the whole grid, less their stored points: a relaunch packs the same
