@@ -220,6 +220,32 @@ def test_a_bracket_at_tol_up_to_round_off_is_converged_and_a_wider_one_is_not():
         assert (state.proposal(0.0, tol, 1) is None) is done
 
 
+def test_the_journal_reads_with_the_commands_its_docs_give(synth_store, tmp_path, capsys):
+    # issue 26: the journal was not documented; docs/refine.md and `refine --help` name it
+    import re
+
+    syn.run(synth_store.uri, str(tmp_path / "trained.log"))
+    child = child_name("synth", "final_train_loss")
+    journal = Path(synth_store.root) / "refine" / f"sweep={child}" / "journal.log"
+    assert journal.is_file()
+    study = f"final_train_loss|{syn.LEVEL!r}|model.init_scale"
+    doc = (HERE.parent / "docs" / "refine.md").read_text()
+    (shell,) = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+    (python,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    shell = shell.replace("kernel_distance|0.01|model.init_scale", study)
+    shell = re.sub(r"^J=.*$", f"J={journal}", shell, flags=re.M)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "-ec", shell], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert study in out.stdout and out.stdout.count("COMPLETE") == 8  # 16 runs / 2 seeds
+    scope = {"J": str(journal)}
+    exec(python.replace("kernel_distance|0.01|model.init_scale", study), scope)
+    assert len(scope["trials"]) == 8 and set(scope["trials"]["state"]) == {"COMPLETE"}
+    # --help points to it
+    assert main(["refine", "--help"]) == 0
+    assert "optuna trials --storage-class JournalFileBackend" in capsys.readouterr().out
+
+
 def test_budget_stops_the_refinement_and_a_resume_goes_on(synth_store, tmp_path):
     log = str(tmp_path / "trained.log")
     out = syn.run(synth_store.uri, log, budget=6)  # 3 points x 2 seeds
