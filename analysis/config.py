@@ -69,7 +69,12 @@ class AnalysisConfig(Section):
         ),
     )
     lazy_threshold: PositiveFloat = Field(
-        0.1, description="runs with the order parameter below this are lazy, above it rich."
+        0.1,
+        description=(
+            "runs with the order parameter below this are lazy, above it rich. One value for "
+            "every width: how the boundary it gives moves with the width depends on the data "
+            "and the time (analysis._regimes), so read each width's boundary from its runs."
+        ),
     )
     fallback_lazy_threshold: PositiveFloat | None = Field(
         None,
