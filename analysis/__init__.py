@@ -8,7 +8,7 @@ The narrow public surface (the CLI calls these):
   of the spec's ``plots:`` section (defaults from the swept axes) as PNG + SVG.
 - :func:`report` (``phasesweep report SWEEP [--out DIR]``): one self-contained
   HTML page with provenance, spec, counts, figures and fitted slopes.
-- :func:`draw`: one figure (a kind of :mod:`analysis.figures`) into a matplotlib
+- :func:`draw`: one figure (a kind of :mod:`analysis.figures`) in the place of a matplotlib
   ``Axes`` or a new figure; returns the ``Figure``.
 - :func:`phase_diagram_sql`: the single SQL query behind a phase diagram.
 

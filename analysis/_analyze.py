@@ -15,6 +15,7 @@ the logged points around it; NULL for runs that stopped before it): the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,13 +26,21 @@ from phasesweep.analysis._escape import escape_times
 from phasesweep.analysis._plateaus import plateau_frame
 from phasesweep.analysis._regimes import classify
 from phasesweep.analysis._scaling import fit_scaling
-from phasesweep.analysis.config import AnalysisConfig, StoredSweep, stored_sweep
+from phasesweep.analysis.config import (
+    REACH_RTOL,
+    AnalysisConfig,
+    StoredSweep,
+    reached_time,
+    stored_sweep,
+)
 from phasesweep.storage.schema import (
     ESCAPE_COLUMNS,
     ESCAPE_EPS,
     FIT_GROUP_COLUMNS,
     to_table,
 )
+
+log = logging.getLogger(__name__)
 
 RUN_COLUMNS = [
     "run_id",
@@ -250,10 +259,51 @@ def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def analyze_catalog(con, sweep: str, spec: StoredSweep | None = None) -> dict[str, pa.Table]:
-    """The analysis tables of ``sweep`` read through a catalog connection ``con``."""
+    """The analysis tables of ``sweep`` read through a catalog connection ``con``; logs a
+    warning when ``analysis.at_time`` lies beyond some completed runs (:func:`unreached`)."""
     runs, traj = read_inputs(con, sweep)
     cfg = spec.analysis if spec is not None else AnalysisConfig()
-    return analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
+    tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
+    summaries = tables["summaries"]
+    warning = unreached(
+        cfg.at_time,
+        runs["status"].to_numpy(dtype=object),
+        summaries.column("final_time").to_numpy(zero_copy_only=False),
+    )
+    if warning:
+        log.warning("sweep %s: %s", sweep, warning)
+    return tables
+
+
+def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
+    """One line saying how many completed runs stop before ``at_time`` (their regime is
+    NULL) and what to do, or None when every completed run reaches it (or no at_time).
+
+    ``status``, ``final_time``: per run (``runs.status``, ``summaries.final_time``, the
+    gradient-flow time of the last logged finite loss; NaN for a run without one).
+    """
+    if at_time is None:
+        return None
+    done = status == "completed"
+    ends = np.asarray(final_time, dtype=np.float64)[done]
+    short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
+    if not short.any():
+        return None
+    finite = ends[np.isfinite(ends)]
+    end = ends[short & np.isfinite(ends)]
+    line = (
+        f"analysis.at_time = {at_time:g} lies beyond the last gradient-flow time of "
+        f"{int(short.sum())} of {int(done.sum())} completed runs"
+        + (f" (they end by t = {end.max():.6g})" if len(end) else "")
+        + ": their regime is NULL"
+    )
+    if len(finite):
+        t = reached_time(float(finite.min()))
+        line += (
+            f"; every run reaches t = {t}: relaunch the sweep's spec with "
+            f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
+        )
+    return line
 
 
 def analyze(store, sweep: str) -> dict[str, int]:

@@ -221,16 +221,20 @@ def draw(
     ax: Axes | None = None,
     **options: Any,
 ) -> Figure:
-    """Draw one figure of ``sweep`` into ``ax`` (or a new figure) and return its ``Figure``.
+    """Draw one figure of ``sweep`` in the place of ``ax`` (or as a new figure) and return
+    the ``Figure``.
 
     ``kind``: a registered figure kind (:func:`analysis.figures.kinds`);
     ``source``: a ``storage.Store``, a store URI, or an open catalog connection
     (``storage.open_catalog``; its sweep must be analyzed, or figures that need the
     summaries are unavailable); ``options``: fields of a ``plots:`` entry (``x``,
     ``y``, ``value``, ``hue``, ``facet``, ``where``, ``title``), unset ones chosen
-    from the swept axes as ``plot`` does. A figure with facets fills ``ax``'s place
-    with a grid of panels. Raises :class:`analysis.figures.Unavailable` (with the
-    reason) when the sweep has nothing to draw, ``SpecError`` for bad options.
+    from the swept axes as ``plot`` does. With ``ax`` (a subplot), the figure becomes a
+    subfigure in ``ax``'s place (``ax`` is removed; its panels, title, colour bar and
+    legend are ``fig.subfigs[-1]``'s), so several figures share one figure without
+    overlapping; a figure without a layout engine gets the constrained layout.
+    Raises :class:`analysis.figures.Unavailable` (with the reason) when the sweep has
+    nothing to draw, ``SpecError`` for bad options.
     """
     try:
         p = PlotSpec(kind=kind, **options)

@@ -42,6 +42,16 @@ either sign), whose share falls with the width. Read the boundary at one gradien
 time (``at_time``) late enough for the runs near it to converge: at t = 1000 the
 small-g runs at large width lag, which steepens every exponent (-0.28 ... -0.32).
 
+These exponents belong to their setup, not to the rule: the width exponent of a fixed
+``kernel_distance`` threshold depends on the data, the threshold and the time it is read
+at. At depth 2, widths 256-4096, threshold 0.01, t = 3000, it was -0.278 on
+``lazy_rich.yaml``'s data (teacher, input_dim 10, n_train 32), -0.264 [-0.278, -0.249]
+with n_train 64 and a width-8 teacher, -0.293 [-0.316, -0.270] with input_dim 5 and
+n_train 16, and -0.307 [-0.43, -0.18] (threshold 0.003) on the quickstart's data at
+t = 1500; -0.36 to -0.48 were reported on other data (issue 26). So a threshold tuned at
+one width does not carry to another by a fixed exponent: read each width's boundary
+from its own stored runs (the phase diagram, or ``phasesweep refine``).
+
 Caveat: the kernel distance of a two-layer *linear* net barely moves even from
 a tiny init (its NTK keeps the ``‖W2‖² XXᵀ`` part, which only grows in scale),
 so such runs read "lazy" by ``kernel_distance`` while their weights move by

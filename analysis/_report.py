@@ -3,17 +3,17 @@
 The page says what made it (phasesweep version, git commit of the code, command
 line, the launch's own command line when the store records it), what the sweep
 cost (wall time, devices, nodes), what it is (the spec's header comment and
-description), the counts of runs by status, regime and plateaus, every figure of
-``phasesweep plot`` (PNG embedded as ``data:`` URIs, so the file can be mailed or
-archived alone: no external resource, no script; each links to its SVG beside the
-page), the SQL behind the phase diagrams, the fitted-slope table and the spec.
-Empty tables are left out.
+description), the counts of runs by status, regime and plateaus (with why a run has
+no regime), every figure of ``phasesweep plot``, the SQL behind the phase diagrams,
+the fitted-slope table (with why a fit is missing) and the spec. It is one file that
+can be mailed or archived alone: every figure is embedded as a PNG ``data:`` URI, and
+its SVG too, as a download link; no external resource, no script. Empty tables are
+left out. The page is a jinja2 template (:data:`TEMPLATE`), autoescaped.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import shlex
 import subprocess
 import sys
@@ -23,8 +23,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import numpy as np
 import pandas as pd
+from phasesweep.analysis._analyze import unreached
 from phasesweep.analysis._style import fmt
+from phasesweep.analysis.config import AnalysisConfig
+from phasesweep.storage._catalog import sql_string
 from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 _CSS = """
@@ -33,6 +38,7 @@ body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin
 h1 { margin-bottom: 0.1em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em;
   margin-top: 1.8em; }
 .meta { color: #666; margin-top: 0; }
+.note { color: #555; font-size: 0.9em; max-width: 40em; }
 pre { background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 0.8em;
       overflow-x: auto; font-size: 0.85em; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
@@ -46,6 +52,89 @@ dl.prov { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em
 dl.prov dt { color: #555; } dl.prov dd { margin: 0; }
 """
 
+#: The page. Every value is escaped (autoescape) unless it is ``Markup``.
+TEMPLATE = """\
+{%- macro table(t) -%}
+<table id="{{ t.id }}"><thead><tr>
+{%- for c in t.frame.columns %}<th{% if c in t.left %} class="l"{% endif %}>{{ c }}</th>{% endfor -%}
+</tr></thead><tbody>
+{%- for row in t.frame.itertuples(index=False) %}<tr>
+{%- for c, v in zip(t.frame.columns, row) %}<td{% if c in t.left %} class="l"{% endif %}>
+{{- v | cell }}</td>{% endfor %}</tr>{% endfor -%}
+</tbody></table>
+{%- endmacro -%}
+<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>phasesweep report — {{ sweep }}</title>
+<style>{{ css }}</style></head><body>
+<h1>Sweep <code>{{ sweep }}</code></h1>
+{% if description %}<p class="meta" id="description">{{ description }}</p>
+{% endif -%}
+{% if provenance -%}
+<dl class="prov" id="provenance">
+{%- for key, value, code_id in provenance %}<dt>{{ key }}</dt><dd>
+{%- if code_id is none %}{{ value }}{% elif code_id is sameas true %}<code>{{ value }}</code>
+{%- else %}<code id="{{ code_id }}">{{ value }}</code>{% endif %}</dd>{% endfor -%}
+</dl>
+{% else %}<p class="meta">generated {{ generated }} by phasesweep</p>
+{% endif -%}
+{% if header %}<details open><summary>About this sweep (the spec's header)</summary>
+<pre id="spec-header">{{ header }}</pre></details>
+{% endif -%}
+{% if counts %}<h2>Runs</h2>
+<div class="counts">
+{%- for c in counts %}<div><h3>{{ c.title }}</h3>{{ table(c) }}
+{%- if c.note %}<p class="note" id="{{ c.id }}-note">{{ c.note }}</p>{% endif %}</div>
+{%- endfor %}</div>
+{% endif -%}
+<h2>Figures</h2>
+{% for f in figures -%}
+<figure id="fig-{{ f.name }}"><img alt="{{ f.name }}" src="data:image/png;base64,{{ f.png | b64 }}">
+<figcaption><b>{{ f.name }}</b> {{ f.caption }}
+{%- if f.svg %} <a download="{{ f.name }}.svg" href="data:image/svg+xml;base64,{{ f.svg | b64 }}">SVG</a>
+{%- endif %}</figcaption>
+{% if f.sql %}<details><summary>SQL behind this figure</summary><pre>{{ f.sql }}</pre></details>
+{% endif %}</figure>
+{% else %}<p>No figures (nothing to draw).</p>
+{% endfor -%}
+{% if fits %}<h2>Fitted slopes of the escape time</h2>
+<p>Per depth (and group of the other grid axes): the slope of the escape time vs the init
+scale α, with its confidence interval over seeds, and the theory's slope where it gives one.
+A fit takes the completed runs that escaped, in the regimes of
+<code>analysis.fit_regimes</code>{{ fits.filters }}, and needs, per seed, escape times at two
+or more init scales spanning <code>analysis.fit_min_decades</code> = {{ fits.decades }}
+decades; the note of a row without a slope says which of these its runs missed.</p>
+{{ table(fits) }}
+{% endif -%}
+{% if boundaries %}<h2>Refined phase boundaries</h2>
+<p>From <code>phasesweep refine</code>: per line of the other axes, where the metric crosses
+the level along the axis, with the bracketing interval, the spread of the seeds' own
+crossings and the runs used; unbracketed lines say on which side of the level the whole axis
+range lies.</p>
+{{ table(boundaries) }}
+{% endif -%}
+<h2>Spec</h2>
+{% if header %}<p class="note">As stored, less its header comment (above).</p>
+{% endif -%}
+<pre id="spec">{{ spec if spec else "(no spec stored)" }}</pre>
+</body></html>
+"""
+
+
+def _cell(v: Any) -> str:
+    """A table cell's text: empty for NULL, 4 significant digits for a float."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+_ENV.filters["cell"] = _cell
+_ENV.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
+_ENV.globals["zip"] = zip
+
 
 @dataclass(frozen=True)
 class ReportFigure:
@@ -53,8 +142,8 @@ class ReportFigure:
     png: bytes
     caption: str = ""
     sql: str | None = None
-    #: link to the figure's SVG, relative to the page (None: no link).
-    svg: str | None = None
+    #: the figure as SVG, embedded as a download link (None: no link).
+    svg: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -73,79 +162,157 @@ class Provenance:
     launch: dict[str, Any] | None = None
 
 
-def _table(df: pd.DataFrame, table_id: str, left: tuple[str, ...] = ()) -> str:
-    head = "".join(
-        f'<th class="{"l" if c in left else ""}">{html.escape(str(c))}</th>' for c in df.columns
-    )
-    rows = []
-    for rec in df.itertuples(index=False):
-        cells = []
-        for c, v in zip(df.columns, rec):
-            text = "" if v is None or (isinstance(v, float) and pd.isna(v)) else v
-            if isinstance(text, float):
-                text = f"{text:.4g}"
-            cls = ' class="l"' if c in left else ""
-            cells.append(f"<td{cls}>{html.escape(str(text))}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return (
-        f'<table id="{table_id}"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
+@dataclass(frozen=True)
+class _Table:
+    """A table of the page: its rows, its element id and its left-aligned columns."""
+
+    frame: pd.DataFrame
+    id: str
+    left: tuple[str, ...] = ()
+    title: str = ""
+    note: str = ""
+    filters: str = ""
+    decades: str = ""
+
+    def __bool__(self) -> bool:
+        return len(self.frame) > 0
 
 
-def fits_display(fits: pd.DataFrame) -> pd.DataFrame:
-    """The scaling_fits rows as the report shows them."""
+#: The fits' x columns as the report names them.
+_FIT_X = {
+    "log_init_scale": "log α",
+    "log_inv_init_scale": "log(1/α)",
+    "log_log_inv_init_scale": "log log(1/α)",
+}
+
+
+def fit_stats_sql(sweep: str, cfg: AnalysisConfig, keys: Sequence[str]) -> str:
+    """One row per fit group (``keys``: depth and the fit's group axes): how many of its
+    completed runs pass each step of the fit's filter (:func:`analysis._analyze.fit_mask`,
+    in that order), and the widest span in decades of the passing runs' init scales per
+    seed (``decades``; ``decades_below_1``: of those below 1, what the log-log fit uses).
+    Aggregated in SQL: bounded memory for any number of runs."""
+    cols = ", ".join(f"r.{k}" for k in keys)
+    group = ", ".join(keys)
+    regimes = ", ".join(sql_string(r) for r in cfg.fit_regimes) or "NULL"
+    plateau = "coalesce(s.n_plateaus, 0) >= 1" if cfg.fit_require_plateau else "true"
+    top = (
+        "true" if cfg.fit_init_scale_max is None else f"r.init_scale <= {cfg.fit_init_scale_max!r}"
+    )
+    on = " AND ".join(f"c.{k} IS NOT DISTINCT FROM d.{k}" for k in keys)
+    return f"""
+WITH p AS (
+  SELECT {cols}, r.seed, r.init_scale,
+         s.escape_time IS NOT NULL AS escaped,
+         coalesce(s.regime IN ({regimes}), false) AS in_regimes,
+         {plateau} AS plateau,
+         {top} AS in_range
+  FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id
+  WHERE r.sweep = {sql_string(sweep)} AND r.status = 'completed'
+),
+c AS (
+  SELECT {group}, count(*) AS completed,
+         count(*) FILTER (WHERE escaped) AS escaped,
+         count(*) FILTER (WHERE escaped AND in_regimes) AS in_regimes,
+         count(*) FILTER (WHERE escaped AND in_regimes AND plateau) AS plateau,
+         count(*) FILTER (WHERE escaped AND in_regimes AND plateau AND in_range) AS passing
+  FROM p GROUP BY {group}
+),
+d AS (
+  SELECT {group}, max(decades) AS decades, max(decades_below_1) AS decades_below_1 FROM (
+    SELECT {group}, seed, log10(max(init_scale) / min(init_scale)) AS decades,
+           log10(max(init_scale) FILTER (WHERE init_scale < 1)
+                 / min(init_scale) FILTER (WHERE init_scale < 1)) AS decades_below_1
+    FROM p WHERE escaped AND in_regimes AND plateau AND in_range AND init_scale > 0
+    GROUP BY {group}, seed
+  ) GROUP BY {group}
+)
+SELECT c.*, d.decades, d.decades_below_1 FROM c LEFT JOIN d ON {on}
+"""
+
+
+def fit_reason(x: str, stats: dict | None, cfg: AnalysisConfig) -> str:
+    """Why a fit group has no slope, from its :func:`fit_stats_sql` row (None: unknown)."""
+    if stats is None or not stats.get("completed"):
+        return "no completed run in this group"
+    steps = [  # the count of runs that pass each step, and what the step asks of a run
+        ("escaped", f"escaped (loss fell by analysis.escape_min_drop = {cfg.escape_min_drop:g})"),
+        ("in_regimes", f"is in analysis.fit_regimes ({', '.join(cfg.fit_regimes)})"),
+        ("plateau", "left a plateau (analysis.fit_require_plateau)"),
+        ("passing", f"has init_scale ≤ analysis.fit_init_scale_max = {cfg.fit_init_scale_max}"),
+    ]
+    nouns = ["completed runs", "runs that escaped", "remaining runs", "remaining runs"]
+    have = stats["completed"]
+    for (key, what), noun in zip(steps, nouns):
+        if not stats[key]:
+            return f"none of the {have} {noun} {what}"
+        have = stats[key]
+    span = stats["decades_below_1" if x == "log_log_inv_init_scale" else "decades"]
+    below = " below α = 1" if x == "log_log_inv_init_scale" else ""
+    if span is None or span != span or span <= 0:
+        return f"{have} runs pass, but no seed has them at two init scales{below}"
+    if span < cfg.fit_min_decades - 1e-9:
+        return (
+            f"{have} runs pass, but no seed's init scales{below} span analysis.fit_min_decades"
+            f" = {cfg.fit_min_decades:g} decades (the widest: {span:.2g})"
+        )
+    return "too few points per seed"
+
+
+def fits_display(
+    fits: pd.DataFrame, stats: pd.DataFrame | None = None, cfg: AnalysisConfig | None = None
+) -> pd.DataFrame:
+    """The scaling_fits rows as the report shows them; ``stats`` (:func:`fit_stats_sql`
+    rows) say why a row has no slope."""
+    cfg = cfg or AnalysisConfig()
+    columns = ["depth", "group", "fit", "slope", "CI", "theory slope", "theory", "points"]
+    columns += ["seeds", "note"]
     if fits.empty:
-        return pd.DataFrame(
-            columns=[
-                "depth",
-                "group",
-                "fit",
-                "slope",
-                "CI",
-                "theory slope",
-                "theory",
-                "points",
-                "seeds",
-                "note",
-            ]
-        )
+        return pd.DataFrame(columns=columns)
+    keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
+    by_group = {}
+    if stats is not None:
+        for rec in stats.to_dict("records"):
+            by_group[tuple(_key(rec[k]) for k in keys)] = rec
     rows = []
-    for f in fits.sort_values(["depth", "x"]).itertuples(index=False):
+    for f in fits.sort_values(["depth", "x"]).to_dict("records"):
         group = ", ".join(
-            f"{c} {fmt(getattr(f, c))}"
-            for c in FIT_GROUP_COLUMNS
-            if getattr(f, c) is not None and not pd.isna(getattr(f, c))
+            f"{c} {fmt(f[c])}" for c in FIT_GROUP_COLUMNS if c in f and not _missing(f[c])
         )
-        y = "log t" if f.y == "log_escape_time" else "t"
-        x = {
-            "log_init_scale": "log α",
-            "log_inv_init_scale": "log(1/α)",
-            "log_log_inv_init_scale": "log log(1/α)",
-        }.get(f.x, f.x)
+        y = "log t" if f["y"] == "log_escape_time" else "t"
         ci = (
-            f"[{f.ci_low:.3g}, {f.ci_high:.3g}] ({f.confidence:.0%}, {f.ci_method})"
-            if pd.notna(f.ci_low)
+            f"[{f['ci_low']:.3g}, {f['ci_high']:.3g}] ({f['confidence']:.0%}, {f['ci_method']})"
+            if not _missing(f["ci_low"])
             else ""
         )
+        fitted = not _missing(f["slope"])
+        stat = by_group.get(tuple(_key(f.get(k)) for k in keys))
         rows.append(
             {
-                "depth": int(f.depth),
+                "depth": int(f["depth"]),
                 "group": group,
-                "fit": f"{y} vs {x}",
-                "slope": None if pd.isna(f.slope) else float(f.slope),
+                "fit": f"{y} vs {_FIT_X.get(f['x'], f['x'])}",
+                "slope": float(f["slope"]) if fitted else None,
                 "CI": ci,
-                "theory slope": None if pd.isna(f.theory_slope) else float(f.theory_slope),
-                "theory": f.theory,
-                "points": int(f.n_points),
-                "seeds": int(f.n_seeds),
-                "note": ""
-                if pd.notna(f.slope)
-                else "no fit: needs escape times over the required decades of α per seed "
-                "(analysis.fit_min_decades) in the fitted regimes",
+                "theory slope": None if _missing(f["theory_slope"]) else float(f["theory_slope"]),
+                "theory": f["theory"],
+                "points": int(f["n_points"]),
+                "seeds": int(f["n_seeds"]),
+                "note": "" if fitted else "no fit: " + fit_reason(f["x"], stat, cfg),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA
+
+
+def _key(v: Any) -> Any:
+    """A group key value comparable between the fits and the stats frames."""
+    if _missing(v):
+        return None
+    return float(v) if isinstance(v, int | float | np.number) else v
 
 
 def boundaries_display(frame: pd.DataFrame) -> pd.DataFrame:
@@ -176,6 +343,15 @@ def spec_header(text: str | None) -> str:
         elif stripped or lines:
             break
     return "\n".join(lines).strip("\n")
+
+
+def spec_body(text: str | None) -> str:
+    """The spec's YAML after its leading comment block (:func:`spec_header` shows that)."""
+    lines = (text or "").splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and (lines[i].strip().startswith("#") or not lines[i].strip()):
+        i += 1
+    return "".join(lines[i:])
 
 
 def code_commit() -> str:
@@ -252,42 +428,37 @@ def duration(seconds: float | None) -> str:
     return f"{h} h {m:02d} min"
 
 
-def _provenance_html(p: Provenance) -> str:
-    rows = [
-        ("phasesweep", f"{p.version} (commit {p.commit})"),
-        ("report made by", f"<code>{html.escape(p.command)}</code>"),
-        ("generated", p.generated),
+def _provenance_rows(p: Provenance) -> list[tuple[str, str, str | bool | None]]:
+    """(term, text, code) rows of the provenance list; code: None plain text, True in
+    ``<code>``, a string in ``<code id=...>``."""
+    rows: list[tuple[str, str, str | bool | None]] = [
+        ("phasesweep", f"{p.version} (commit {p.commit})", None),
+        ("report made by", p.command, True),
+        ("generated", p.generated, None),
     ]
     if p.launch:
         argv = p.launch.get("argv")
         cmd = shlex.join(map(str, argv)) if isinstance(argv, (list, tuple)) else str(argv or "")
         when = " → ".join(
-            html.escape(str(p.launch[k])) for k in ("started_at", "finished_at") if p.launch.get(k)
+            str(p.launch[k]) for k in ("started_at", "finished_at") if p.launch.get(k)
         )
-        made = ", ".join(
-            f"{k} {html.escape(str(p.launch[k]))}" for k in ("version", "commit") if p.launch.get(k)
-        )
-        rows.append(("launched by", f'<code id="launch-argv">{html.escape(cmd)}</code>'))
+        made = ", ".join(f"{k} {p.launch[k]}" for k in ("version", "commit") if p.launch.get(k))
+        rows.append(("launched by", cmd, "launch-argv"))
         if made:
-            rows.append(("launched with", "phasesweep " + made))
+            rows.append(("launched with", "phasesweep " + made, None))
         if when:
-            rows.append(("launch time", when))
+            rows.append(("launch time", when, None))
     rows.append(
         (
             "wall time",
             f"{duration(p.wall_seconds)} summed over chunks, "
             f"{duration(p.span_seconds)} from first start to last finish",
+            None,
         )
     )
-    rows.append(("devices", html.escape(", ".join(p.devices)) or "unknown"))
-    rows.append(
-        ("nodes", html.escape(", ".join(p.nodes)) if p.nodes else "no Ray node recorded (local)")
-    )
-    body = "".join(
-        f"<dt>{html.escape(k)}</dt><dd>{v if k != 'phasesweep' else html.escape(v)}</dd>"
-        for k, v in rows
-    )
-    return f'<dl class="prov" id="provenance">{body}</dl>'
+    rows.append(("devices", ", ".join(p.devices) or "unknown", None))
+    rows.append(("nodes", ", ".join(p.nodes) if p.nodes else "no Ray node recorded (local)", None))
+    return rows
 
 
 def report_html(
@@ -302,81 +473,73 @@ def report_html(
     description: str = "",
     provenance: Provenance | None = None,
     boundaries: pd.DataFrame | None = None,
+    regime_note: str = "",
+    fit_stats: pd.DataFrame | None = None,
+    cfg: AnalysisConfig | None = None,
 ) -> str:
-    """The report page (a complete HTML document) from its parts; empty tables are left out."""
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>phasesweep report — {html.escape(sweep)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>Sweep <code>{html.escape(sweep)}</code></h1>",
-    ]
-    if description:
-        parts.append(f'<p class="meta" id="description">{html.escape(description)}</p>')
-    if provenance is not None:
-        parts.append(_provenance_html(provenance))
-    else:
-        parts.append(f'<p class="meta">generated {now} by phasesweep</p>')
-    header = spec_header(spec_text)
-    if header:
-        parts.append(
-            "<details open><summary>About this sweep (the spec's header)</summary>"
-            f'<pre id="spec-header">{html.escape(header)}</pre></details>'
-        )
+    """The report page (a complete HTML document) from its parts; empty tables are left out.
+
+    ``regime_note``: why runs have no regime (shown under the regime counts); ``fit_stats``
+    (:func:`fit_stats_sql`) and ``cfg``: why a fit has no slope."""
+    cfg = cfg or AnalysisConfig()
     counts = [
-        ("By status", status_counts, "status-counts", ("status",)),
-        ("By regime", regime_counts, "regime-counts", ("regime",)),
-        ("Plateaus per run", plateau_counts, "plateau-counts", ()),
+        _Table(status_counts, "status-counts", ("status",), "By status"),
+        _Table(regime_counts, "regime-counts", ("regime",), "By regime", regime_note),
+        _Table(
+            plateau_counts if plateau_counts is not None else pd.DataFrame(),
+            "plateau-counts",
+            (),
+            "Plateaus per run",
+        ),
     ]
-    counts = [c for c in counts if c[1] is not None and len(c[1])]
-    if counts:
-        parts += ["<h2>Runs</h2>", '<div class="counts">']
-        parts += [f"<div><h3>{t}</h3>{_table(df, i, left)}</div>" for t, df, i, left in counts]
-        parts.append("</div>")
-    parts.append("<h2>Figures</h2>")
-    if not figures:
-        parts.append("<p>No figures (nothing to draw).</p>")
-    for f in figures:
-        b64 = base64.b64encode(f.png).decode("ascii")
-        link = f' <a href="{html.escape(f.svg)}">SVG</a>' if f.svg else ""
-        parts.append(
-            f'<figure id="fig-{html.escape(f.name)}">'
-            f'<img alt="{html.escape(f.name)}" src="data:image/png;base64,{b64}">'
-            f"<figcaption><b>{html.escape(f.name)}</b> {html.escape(f.caption)}{link}"
-            "</figcaption>"
-        )
-        if f.sql:
-            parts.append(
-                "<details><summary>SQL behind this figure</summary>"
-                f"<pre>{html.escape(f.sql)}</pre></details>"
-            )
-        parts.append("</figure>")
-    if len(fits):
-        parts.append("<h2>Fitted slopes of the escape time</h2>")
-        parts.append(
-            "<p>Per depth (and group of the other grid axes): the slope of the escape time "
-            "vs the init scale α, with its confidence interval over seeds, and the theory's "
-            "slope where it gives one.</p>"
-        )
-        parts.append(
-            _table(fits_display(fits), "slope-table", ("group", "fit", "CI", "theory", "note"))
-        )
-    if boundaries is not None and len(boundaries):
-        parts.append("<h2>Refined phase boundaries</h2>")
-        parts.append(
-            "<p>From <code>phasesweep refine</code>: per line of the other axes, where the "
-            "metric crosses the level along the axis, with the bracketing interval, the "
-            "spread of the seeds' own crossings and the runs used; unbracketed lines say "
-            "on which side of the level the whole axis range lies.</p>"
-        )
-        parts.append(_table(boundaries_display(boundaries), "boundaries-table", ("line",)))
-    parts.append("<h2>Spec</h2>")
-    parts.append(
-        f'<pre id="spec">{html.escape(spec_text) if spec_text else "(no spec stored)"}</pre>'
+    filters = ("" if not cfg.fit_require_plateau else ", that left a plateau") + (
+        "" if cfg.fit_init_scale_max is None else f", with init_scale ≤ {cfg.fit_init_scale_max:g}"
     )
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    header = spec_header(spec_text)
+    return _ENV.from_string(TEMPLATE).render(
+        sweep=sweep,
+        css=_CSS,
+        description=description,
+        provenance=_provenance_rows(provenance) if provenance is not None else None,
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        header=header,
+        counts=[c for c in counts if c],
+        figures=figures,
+        fits=_Table(
+            fits_display(fits, fit_stats, cfg),
+            "slope-table",
+            ("group", "fit", "CI", "theory", "note"),
+            filters=filters,
+            decades=f"{cfg.fit_min_decades:g}",
+        ),
+        boundaries=_Table(
+            boundaries_display(boundaries) if boundaries is not None else pd.DataFrame(),
+            "boundaries-table",
+            ("line",),
+        ),
+        spec=spec_body(spec_text) if header else spec_text,
+    )
+
+
+def regime_note(
+    status: np.ndarray, final_time: np.ndarray, none: np.ndarray, at_time: float | None
+) -> str:
+    """Why runs have no regime, in one paragraph (empty when every run has one).
+
+    Per run of the sweep: ``status``, ``final_time`` (``summaries.final_time``: the time of
+    its last finite loss, NaN if none) and ``none`` (no regime)."""
+    if not none.any():
+        return ""
+    parts = []
+    failed = int((none & (status == "failed")).sum())
+    if failed:
+        parts.append(f"{failed} failed (no trajectory)")
+    short = unreached(at_time, status, final_time)
+    if short:
+        parts.append(short)
+    if not parts:
+        parts.append("their loss or order parameter is not finite where the regime is read")
+    return f"(none): {int(none.sum())} runs have no regime: " + "; ".join(parts) + "."
 
 
 def report(
@@ -422,16 +585,24 @@ def report(
             "WHERE sweep = ? AND n_plateaus IS NOT NULL GROUP BY 1 ORDER BY 1"
         )
         fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
+        fit_stats = None
+        if len(fits) and fits["slope"].isna().any():
+            keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
+            fit_stats = con.execute(fit_stats_sql(sweep, ctx.cfg, keys)).df()
+        why = ctx.df(
+            "SELECT r.status, s.final_time, s.regime IS NULL AS none FROM runs r "
+            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id WHERE r.sweep = ?"
+        )
         refined = boundaries_frame(con, sweep)
         prov = provenance(con, sweep, command, launch)
-        spec, spec_text = ctx.spec, ctx.spec_text
+        spec, spec_text, cfg = ctx.spec, ctx.spec_text, ctx.cfg
     figs = [
         ReportFigure(
             r.name,
             next(p for p in r.paths if p.suffix == ".png").read_bytes(),
             r.caption,
             r.sql,
-            next((p.name for p in r.paths if p.suffix == ".svg"), None),
+            next((p.read_bytes() for p in r.paths if p.suffix == ".svg"), None),
         )
         for r in rendered
     ]
@@ -446,6 +617,14 @@ def report(
         description=spec.description if spec is not None else "",
         provenance=prov,
         boundaries=refined,
+        regime_note=regime_note(
+            why["status"].to_numpy(dtype=object),
+            why["final_time"].to_numpy(dtype=float, na_value=np.nan),
+            why["none"].to_numpy(dtype=bool),
+            cfg.at_time,
+        ),
+        fit_stats=fit_stats,
+        cfg=cfg,
     )
     page = write_file(prepare_dir(out), "report.html", text.encode("utf-8"))
     if out_dir is None and not store.is_local:

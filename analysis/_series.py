@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from phasesweep.analysis.config import REACH_RTOL
 
 
 @dataclass(frozen=True)
@@ -128,11 +129,6 @@ def last_time_finite(series: Series, column: str) -> np.ndarray:
     has = s.lengths > 0
     out[has] = s.time[s.ends[has] - 1]
     return out
-
-
-#: relative tolerance within which a run's last logged time counts as having reached ``t``
-#: (t = Σ lr_k is accumulated step by step, so lr · steps lands a few ulps off).
-REACH_RTOL = 1e-9
 
 
 def value_at(series: Series, column: str, t: float) -> np.ndarray:

@@ -13,6 +13,7 @@ Declarative only (pydantic and PyYAML): importing it loads neither pandas nor ma
 from __future__ import annotations
 
 import logging
+import math
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -36,6 +37,18 @@ from phasesweep._config import (
 
 log = logging.getLogger(__name__)
 
+#: Relative tolerance within which a run's last logged time counts as having reached
+#: ``analysis.at_time`` (t = Σ lr_k is accumulated step by step, so lr · steps lands a
+#: few ulps off).
+REACH_RTOL = 1e-9
+
+
+def reached_time(t: float) -> str:
+    """``t`` (> 0) rounded down to 6 significant digits, as text: a suggested
+    ``analysis.at_time`` that a run ending at ``t`` reaches (rounding up might not)."""
+    scale = 10.0 ** (5 - math.floor(math.log10(t)))
+    return f"{math.floor(t * scale) / scale:.6g}"
+
 
 class AnalysisConfig(Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
@@ -50,11 +63,18 @@ class AnalysisConfig(Section):
             "gradient-flow time t = sum lr_k at which the order parameters and the loss ratio of "
             "the regime rule are read (interpolated linearly in log t between the two logged points"
             " around it; NULL for a run that stopped before t). None: each run's last logged point."
-            " Runs compare at equal t only with this set or with equal t at the end."
+            " Runs compare at equal t only with this set or with equal t at the end. A launch "
+            "refuses a t beyond every grid point's final time; analyze warns of runs that end "
+            "before it."
         ),
     )
     lazy_threshold: PositiveFloat = Field(
-        0.1, description="runs with the order parameter below this are lazy, above it rich."
+        0.1,
+        description=(
+            "runs with the order parameter below this are lazy, above it rich. One value for "
+            "every width: how the boundary it gives moves with the width depends on the data "
+            "and the time (analysis._regimes), so read each width's boundary from its runs."
+        ),
     )
     fallback_lazy_threshold: PositiveFloat | None = Field(
         None,

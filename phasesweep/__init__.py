@@ -6,7 +6,9 @@ layer over one of these functions)::
 
     import phasesweep
 
-    spec = phasesweep.load_spec("sweeps/quickstart.yaml", ["train.steps=300"])
+    spec = phasesweep.load_spec(
+        "sweeps/quickstart.yaml", ["train.steps=300", "analysis.at_time=150"]  # t = 300 x 0.5
+    )
     phasesweep.run(spec, "results")                  # phasesweep run
     phasesweep.status("quickstart", "results")       # phasesweep status
     phasesweep.table("SELECT * FROM runs", "results")   # phasesweep query -> DataFrame

@@ -179,9 +179,9 @@ def spec_reference(schema: dict) -> str:
         *(f"| `{short}` | `{path}` |" for short, path in SHORT_NAMES.items()),
         "",
         "Points that differ only in these keys train together as one vectorized ensemble "
-        "(one chunk); any other axis splits chunks: "
+        "(one chunk): "
         + ", ".join(f"`{section}.{name}`" for section, name in MEMBER_FIELDS)
-        + ".",
+        + ". Any other axis splits chunks: each of its values trains in chunks of its own.",
         "",
     ]
     return "\n".join(lines)

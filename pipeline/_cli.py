@@ -238,7 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         "find where a metric crosses a level along one axis, line by line (Optuna): new "
         "runs go to the sweep SWEEP__refine_METRIC, the estimates to the boundaries table",
         "  phasesweep refine lazy_rich --metric kernel_distance --level 0.01 --budget 200\n"
-        "  phasesweep refine quickstart --metric param_rel_change --level 0.1 --axis init_scale",
+        "  phasesweep refine quickstart --metric param_rel_change --level 0.1 --axis init_scale\n"
+        "\nthe search is an Optuna journal in the store (docs/refine.md); its trials:\n"
+        "  optuna trials --storage-class JournalFileBackend \\\n"
+        "    --storage results/refine/sweep=lazy_rich__refine_kernel_distance/journal.log \\\n"
+        "    --study-name 'kernel_distance|0.01|model.init_scale'",
     )
     refine.add_argument(
         "sweep", metavar="SWEEP", help="the sweep to refine (its grid is the start)"

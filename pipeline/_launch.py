@@ -76,8 +76,9 @@ def stored_spec(store: Store | str | None, sweep: str) -> SweepSpec | None:
     return None if text is None else validate_spec(parse_yaml(text))
 
 
-#: Spec sections that say how a sweep runs, not what it computes: a relaunch may change them.
-RELAUNCH_FREE = ("execution",)
+#: Spec sections that say how a sweep runs or is read, not what it trains: a relaunch may
+#: change them (e.g. ``analysis.at_time``; ``analyze`` reads the stored spec's).
+RELAUNCH_FREE = ("execution", "analysis", "plots")
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -317,6 +318,7 @@ def plan_sweep(
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
     raw = check_relaunch(store, spec, raw, extend)
+    spec.check_at_time()
     grid = Grid(spec)
     total = grid_size(spec)
     slots, memory = trial_resources(address, cpus_per_trial, gpus_per_trial, device_memory)

@@ -736,6 +736,14 @@ class SweepSpec(Section):
     def base(self) -> RunConfig:
         return RunConfig(model=self.model, data=self.data, train=self.train, metrics=self.metrics)
 
+    def check_at_time(self) -> None:
+        """Refuse an ``analysis.at_time`` that no point of the grid reaches
+        (:func:`pipeline._horizon.check_at_time`; a launch calls it, a stored spec is not
+        held to it)."""
+        from phasesweep.pipeline._horizon import check_at_time
+
+        check_at_time(self)
+
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as YAML; returns (dotted key, value)."""

@@ -216,6 +216,44 @@ def test_spread_on_log_axes_stays_positive():
     plt.close(fig)
 
 
+def test_escape_time_lines_cover_only_adjacent_fitted_init_scales():
+    # issue 26: the fit line ran over the whole axis, across init scales left out of the fit
+    from phasesweep.analysis.figures.escape_time import escape_time_figure, fitted_spans
+
+    alphas = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+    in_fit = [True, True, False, True, True]  # 1e-2 left out (e.g. no plateau)
+    points = pd.DataFrame(
+        {
+            "depth": 3,
+            "seed": 0,
+            "init_scale": alphas,
+            "escape_time": [1e4, 1e3, 1e2, 10.0, 1.0],
+            "in_fit": in_fit,
+        }
+    )
+    assert fitted_spans(points) == [(1e-4, 1e-3), (1e-1, 1.0)]
+    fit = {"depth": 3, "x": "log_init_scale", "slope": -1.0, "intercept": 0.0}
+    fit |= {"ci_low": -1.1, "ci_high": -0.9, "init_scale_min": 1e-4, "init_scale_max": 1.0}
+    fig = escape_time_figure(points, pd.DataFrame([fit]))
+    (ax,) = fig.axes
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None"]  # not the markers
+    assert len(lines) == 4  # a solid fit and a dotted guide over each of the two stretches
+    for ln in lines:
+        x = np.asarray(ln.get_xdata())
+        assert not ((x > 1e-3 * (1 + 1e-9)) & (x < 1e-1 * (1 - 1e-9))).any()
+    solid = [ln for ln in lines if ln.get_linestyle() == "-"]
+    for ln in solid:  # the fitted law itself, t = α^-1
+        x, y = np.asarray(ln.get_xdata()), np.asarray(ln.get_ydata())
+        assert np.allclose(y, 1 / x, rtol=1e-12)
+    # a fit whose fitted init scales are nowhere adjacent draws no line, and says so
+    lone = points.assign(in_fit=[True, False, True, False, True])
+    fig = escape_time_figure(lone, pd.DataFrame([fit]))
+    assert not [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() != "None"]
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert any("fit slope -1.00 [-1.10, -0.90] (no line)" in t for t in texts)
+    plt.close("all")
+
+
 # --------------------------------------------------------------------------- draw API
 
 
@@ -229,8 +267,12 @@ def test_draw_into_a_given_axes(store):
         facet=None,
         where="seed = 0 AND depth = 2 AND width = 16 AND noise_sigma = 0.0",
     )
-    assert out is fig and left in fig.axes and right in fig.axes
-    assert len(left.get_lines()) == 5  # one curve per init scale
+    # the figure takes the place of `left`: a subfigure of the caller's figure
+    assert out is fig and left not in fig.axes and right in fig.axes
+    (sub,) = fig.subfigs
+    (panel,) = sub.axes
+    assert len(panel.get_lines()) == 5  # one curve per init scale
+    assert panel.get_subplotspec().get_gridspec() is not right.get_subplotspec().get_gridspec()
     # a faceted figure fills the place of the given axes with its panels
     con = open_catalog(store)
     fig2, ax2 = plt.subplots(figsize=(10, 4))
@@ -247,6 +289,32 @@ def test_draw_into_a_given_axes(store):
         draw("phase_diagram", con, SWEEP, value="nonsense")
     assert e.value.key == "plots[0].value"
     plt.close("all")
+
+
+@pytest.mark.parametrize("layout", ["constrained", None])
+def test_draw_into_a_callers_panels_keeps_each_figure_in_its_place(store, layout):
+    # issue 26: the notebook's layout (a phase diagram beside faceted loss curves) put the
+    # legend over the heatmap and the colour bar's label into the next panel
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout=layout)
+    draw("phase_diagram", store, SWEEP, ax=left, where="noise_sigma = 0.0 AND depth = 2")
+    draw("loss_curves", store, SWEEP, ax=right, where="seed = 0 AND noise_sigma = 0.0")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    phase, curves = fig.subfigs
+    # everything a figure drew (title, labels, colour bar and its label, legend) stays in
+    # its half
+    a, b = (sf.get_tightbbox(renderer) for sf in (phase, curves))
+    assert a.x1 <= b.x0 + 1e-6, (a, b)
+    # the legends sit below the panels, over no panel
+    for sf in (phase, curves):
+        assert sf.legends
+        for leg in sf.legends:
+            box = leg.get_window_extent(renderer)
+            for panel in sf.axes:
+                assert not box.overlaps(panel.get_window_extent(renderer)), panel
+    (bar,) = [p for p in phase.axes if p.get_label() == "<colorbar>"]
+    assert bar.yaxis.label.get_window_extent(renderer).x1 <= b.x0 * fig.dpi
+    plt.close(fig)
 
 
 # --------------------------------------------------------------------------- output safety

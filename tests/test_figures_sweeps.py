@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 from matplotlib import pyplot as plt
+from matplotlib.contour import ContourSet
 from phasesweep.analysis import draw, report
 from phasesweep.analysis._plotting import open_sweep, plots_for
 from phasesweep.pipeline._grid import expand, make_chunks
@@ -32,9 +33,21 @@ _SMALL_DATA = ["data.n_train=16", "data.n_test=16", "metrics.probe_size=8"]
 CASES = {
     # the issue's reproduction: one width, one seed, spectra at few steps
     "quickstart_issue": ("quickstart", ["train.steps=200", "grid.width=[16]", "grid.seed=[0]"]),
+    # issue 26: the quickstart's analysis.at_time 1500 past the runs' end (t = 100), as a
+    # store made before launches refused it holds it
+    "quickstart_past_at_time": (
+        "quickstart",
+        ["train.steps=200", "grid.width=[16, 64]", "grid.seed=[0]", *_SMALL_DATA],
+    ),
     "quickstart": (
         "quickstart",
-        ["train.steps=200", "grid.width=[16, 32]", "grid.seed=[0, 1]", *_SMALL_DATA],
+        [
+            "train.steps=200",
+            "analysis.at_time=100",  # lr 0.5 x 200 steps: every run's end
+            "grid.width=[16, 32]",
+            "grid.seed=[0, 1]",
+            *_SMALL_DATA,
+        ],
     ),
     "saddle_escape": (
         "saddle_escape",
@@ -171,7 +184,7 @@ def test_every_figure_of_every_ready_sweep(case, small_sweep, tmp_path, caplog):
             assert p.read_text().lstrip().startswith("<?xml")
     text = page.read_text()
     for name in expected:
-        assert f'href="{name}.svg"' in text
+        assert f'download="{name}.svg" href="data:image/svg+xml;base64,' in text
 
 
 def test_issue_reproduction_has_null_spectra_and_still_draws(small_sweep):
@@ -212,4 +225,59 @@ def test_facets_are_honoured(small_sweep):
     assert any(t.startswith("width 16") for t in labels)
     assert any(t.startswith("width 32") for t in labels)
     assert "width =" not in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_at_time_past_every_run_draws_no_boundary_and_the_report_says_why(
+    small_sweep, tmp_path, caplog
+):
+    # issue 26: regimes all NULL ("(none) 20"), yet a lazy/rich contour was drawn
+    store, sweep = small_sweep("quickstart_past_at_time")
+    with caplog.at_level(logging.WARNING):
+        page = report(store, sweep, tmp_path / "figs")
+    con = open_catalog(store)
+    assert con.execute("SELECT count(regime), count(*) FROM summaries").fetchone() == (0, 10)
+    fig = draw("phase_diagram", store, sweep)
+    panels = [a for a in fig.axes if a.get_label() != "<colorbar>"]
+    assert not [c for a in panels for c in a.collections if isinstance(c, ContourSet)]
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "no cell has a lazy or rich regime: no threshold line" in texts
+    plt.close(fig)
+    text = page.read_text(encoding="utf-8")
+    note = text[text.index('id="regime-counts-note"') :].split("</p>")[0]
+    assert "(none): 10 runs have no regime" in note
+    assert "analysis.at_time = 1500 lies beyond the last gradient-flow time of 10 of 10" in note
+    assert "--set analysis.at_time=100 " in note
+
+
+def test_phase_diagram_contour_only_through_cells_with_a_regime(small_sweep):
+    # the same cells with regimes: the contour is drawn (at_time within the runs)
+    store, sweep = small_sweep("quickstart")
+    fig = draw("phase_diagram", store, sweep, value="kernel_distance", facet=None)
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "no cell has a lazy or rich regime: no threshold line" not in texts
+    plt.close(fig)
+
+
+def test_singular_values_one_row_per_run_sharing_time(small_sweep):
+    store, sweep = small_sweep("quickstart")
+    fig = draw("singular_values", store, sweep)
+    panels = [a for a in fig.axes if a.get_visible()]
+    rows = {}
+    for a in panels:
+        rows.setdefault(a.get_subplotspec().rowspan.start, []).append(a)
+    # a row per width, a column per layer; titles name both (and the run's init scale)
+    titles = [sorted(a.get_title() for a in r) for _, r in sorted(rows.items())]
+    assert all(" (α " in t for row in titles for t in row)
+    assert [[t.split(" (α ")[0] for t in row] for row in titles] == [
+        ["width 16 · layer 1", "width 16 · layer 2"],
+        ["width 32 · layer 1", "width 32 · layer 2"],
+    ]
+    # every run ends at t = 100: one time axis for all panels
+    assert len({a.get_xlim() for a in panels}) == 1
+    # one y label for all panels, said once
+    assert fig._supylabel is not None and fig._supylabel.get_text() == "singular value σ_k"
+    assert "one run per width, the smallest init scale" in " ".join(
+        fig._suptitle.get_text().split()
+    )
     plt.close(fig)

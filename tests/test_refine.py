@@ -25,7 +25,7 @@ import refine_synthetic as syn
 import yaml
 from optuna.trial import TrialState
 from phasesweep.pipeline._cli import main
-from phasesweep.pipeline._levelset import LINE, LevelSetSampler, X
+from phasesweep.pipeline._levelset import LINE, LevelSetSampler, X, coord
 from phasesweep.pipeline._refine import child_name, refine
 from phasesweep.storage import Store, run_query
 from test_store_s3 import s3_server, s3_store  # noqa: F401 (fixtures)
@@ -166,6 +166,84 @@ def test_synthetic_refinement_store_table_and_child_sweep(synth_store, tmp_path)
     # a second refine finds nothing to do and trains nothing
     again = syn.run(synth_store.uri, log)
     assert again.trained == 0 and len(syn.trained(log)) == 16
+
+
+def test_default_tol_is_four_halvings_on_a_log_spaced_grid(tmp_path, monkeypatch):
+    """Issue 26: on ``{logspace: [-0.5, 0.5, 5]}`` the finest spacing is 0.25 up to
+    round-off, the default tol (spacing / 16) 0.015624999999999998, and a bracket halved
+    four times (0.015625) was judged too wide: a fifth halving, 30 runs instead of 24 on
+    three lines of two seeds."""
+    import phasesweep.pipeline._trainer as trainer
+    from phasesweep.pipeline._grid import expand, make_chunks
+    from phasesweep.pipeline.spec import validate_spec
+
+    crossings = {16: -0.43, 32: 0.13, 64: 0.31}  # inside the range, off bisection points
+    for width, u in crossings.items():
+        monkeypatch.setitem(syn.U_STAR, width, u)
+    grid = {"init_scale": {"logspace": [-0.5, 0.5, 5]}, "width": sorted(crossings), "seed": [0, 1]}
+    parent = {**syn.PARENT, "grid": grid}
+    store = Store.open(str(tmp_path / "store"))
+    spec = validate_spec(parent)
+    store.write_spec(spec.name, yaml.safe_dump(parent))
+    for c in make_chunks(expand(spec), spec):
+        store.write_chunk(spec.name, c.chunk_id, {"runs": syn._runs(c.points, c.chunk_id, None)})
+    us = [coord(x, True) for x in np.logspace(-0.5, 0.5, 5).tolist()]  # as refine's plan
+    assert min(np.diff(us)) / 16 < 0.25 / 16  # the round-off the slack absorbs
+    real = syn.install(str(tmp_path / "trained.log"))
+    try:
+        out = refine(
+            store.uri,
+            "synth",
+            "final_train_loss",
+            syn.LEVEL,
+            use_ray=False,
+            poll_seconds=0.2,
+            log=lambda msg: None,
+        )
+    finally:
+        trainer.train_chunk = real
+    assert out.trained == 3 * 4 * 2  # lines x halvings x seeds
+    names, rows = run_query(store, "SELECT * FROM boundaries ORDER BY width")
+    for r in (dict(zip(names, row)) for row in rows):
+        lo, hi = math.log10(r["bracket_low"]), math.log10(r["bracket_high"])
+        assert r["converged"] and lo <= crossings[r["width"]] <= hi
+        assert math.isclose(hi - lo, 0.25 / 16, rel_tol=1e-12)  # four halvings, not five
+
+
+def test_a_bracket_at_tol_up_to_round_off_is_converged_and_a_wider_one_is_not():
+    from phasesweep.pipeline._levelset import LineState
+
+    tol = 0.25 / 16 * (1 - 2**-52)  # the default tol as the grid's floats give it
+    for width, done in ((0.015625, True), (tol, True), (0.015625 * (1 + 1e-6), False)):
+        state = LineState(known=[(0.0, 1.0), (width, -1.0)])
+        assert state.converged(0.0, tol) is done
+        assert (state.proposal(0.0, tol, 1) is None) is done
+
+
+def test_the_journal_reads_with_the_commands_its_docs_give(synth_store, tmp_path, capsys):
+    # issue 26: the journal was not documented; docs/refine.md and `refine --help` name it
+    import re
+
+    syn.run(synth_store.uri, str(tmp_path / "trained.log"))
+    child = child_name("synth", "final_train_loss")
+    journal = Path(synth_store.root) / "refine" / f"sweep={child}" / "journal.log"
+    assert journal.is_file()
+    study = f"final_train_loss|{syn.LEVEL!r}|model.init_scale"
+    doc = (HERE.parent / "docs" / "refine.md").read_text()
+    (shell,) = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+    (python,) = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
+    shell = shell.replace("kernel_distance|0.01|model.init_scale", study)
+    shell = re.sub(r"^J=.*$", f"J={journal}", shell, flags=re.M)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "-ec", shell], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert study in out.stdout and out.stdout.count("COMPLETE") == 8  # 16 runs / 2 seeds
+    scope = {"J": str(journal)}
+    exec(python.replace("kernel_distance|0.01|model.init_scale", study), scope)
+    assert len(scope["trials"]) == 8 and set(scope["trials"]["state"]) == {"COMPLETE"}
+    # --help points to it
+    assert main(["refine", "--help"]) == 0
+    assert "optuna trials --storage-class JournalFileBackend" in capsys.readouterr().out
 
 
 def test_budget_stops_the_refinement_and_a_resume_goes_on(synth_store, tmp_path):

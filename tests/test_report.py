@@ -8,14 +8,18 @@ playwright; it never downloads a browser. It is skipped only if
 from __future__ import annotations
 
 import re
+from base64 import b64decode
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from phasesweep.analysis import report
-from phasesweep.analysis._report import ReportFigure, report_html
+from phasesweep.analysis._analyze import fit_mask
+from phasesweep.analysis._report import ReportFigure, fit_reason, fit_stats_sql, report_html
+from phasesweep.analysis.config import AnalysisConfig
 from phasesweep.storage import open_catalog
 
 SWEEP = "rep"
@@ -73,6 +77,58 @@ def test_report_is_self_contained(page):
     assert 'id="regime-counts"' in text and ">diverged</td>" in text
     # the phase diagram's query is on the page
     assert "FROM runs AS r" in text and "LEFT JOIN summaries AS s" in text
+    # self-contained: every link is into the page itself (its figures' SVGs as data: URIs)
+    hrefs = [a["href"] for t, a in p.tags if "href" in a]
+    assert hrefs and all(h.startswith(("data:image/svg+xml;base64,", "#")) for h in hrefs)
+
+
+def test_fit_notes_say_which_step_of_the_fit_the_runs_missed(page):
+    st, path, _ = page
+    con = open_catalog(st)
+    cfg = AnalysisConfig()
+    keys = ["depth", "width"]
+    got = con.execute(fit_stats_sql(SWEEP, cfg, keys)).df()
+    # the same counts by hand, with the analysis' own filter (analyze's fit_mask)
+    df = con.execute(
+        "SELECT r.*, s.escape_time, s.regime, s.n_plateaus FROM runs r JOIN summaries s "
+        "ON s.sweep = r.sweep AND s.run_id = r.run_id "
+        "WHERE r.sweep = ? AND r.status = 'completed'",
+        [SWEEP],
+    ).df()
+    assert len(got) == df.groupby(keys).ngroups == 4
+    for (depth, width), g in df.groupby(keys):
+        (row,) = got[(got.depth == depth) & (got.width == width)].to_dict("records")
+        escaped = g["escape_time"].notna()
+        passing = g[fit_mask(g, cfg)]
+        assert (row["completed"], row["escaped"]) == (len(g), escaped.sum())
+        assert row["in_regimes"] == (escaped & g["regime"].isin(cfg.fit_regimes)).sum()
+        assert row["passing"] == len(passing)
+        spans = passing.groupby("seed")["init_scale"].agg(lambda a: np.log10(a.max() / a.min()))
+        assert row["decades"] == pytest.approx(spans.max(), rel=1e-12)
+    # every row without a slope says why, on the page
+    text = path.read_text(encoding="utf-8")
+    table = text[text.index('id="slope-table"') :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    assert rows
+    for r in rows:
+        if "no fit" in r:
+            assert "no fit: none of the" in r or "runs pass, but no seed" in r, r
+    # the reasons, step by step
+    stats = {"completed": 10, "escaped": 0, "in_regimes": 0, "plateau": 0, "passing": 0}
+    assert fit_reason("log_init_scale", stats, cfg).startswith("none of the 10 completed runs")
+    stats |= {"escaped": 6, "in_regimes": 6, "plateau": 0}
+    assert fit_reason("log_init_scale", stats, cfg) == (
+        "none of the 6 remaining runs left a plateau (analysis.fit_require_plateau)"
+    )
+    stats |= {"plateau": 4, "passing": 4, "decades": 1.0, "decades_below_1": None}
+    assert "4 runs pass, but no seed's init scales span analysis.fit_min_decades = 2 decades" in (
+        fit_reason("log_init_scale", stats, cfg)
+    )
+    assert "(the widest: 1)" in fit_reason("log_init_scale", stats, cfg)
+    assert fit_reason("log_log_inv_init_scale", stats, cfg) == (
+        "4 runs pass, but no seed has them at two init scales below α = 1"
+    )
 
 
 def test_report_html_from_parts_escapes_and_tables():
@@ -248,7 +304,7 @@ def test_report_states_its_provenance(prov_store, tmp_path):
         check=True,
     ).stdout.strip()
     assert f"{phasesweep.__version__} (commit {head}" in text
-    assert "<code>phasesweep report prov --out &#x27;x y&#x27;</code>" in text
+    assert "<code>phasesweep report prov --out &#39;x y&#39;</code>" in text
     # the launch's own command line, version and commit
     assert (
         '<code id="launch-argv">phasesweep run sweeps/prov.yaml --set train.steps=10</code>' in text
@@ -262,9 +318,13 @@ def test_report_states_its_provenance(prov_store, tmp_path):
     # the spec's header comment and description
     assert "Provenance test: two chunks on two nodes.\n\nExpected: nothing &lt;special&gt;." in text
     assert 'id="description">provenance &lt;check&gt;</p>' in text
-    # links to the SVGs beside the page
-    links = re.findall(r'href="([^"]+\.svg)"', text)
-    assert links and all((tmp_path / link).is_file() for link in links)
+    # the SVGs are in the page too (download links), the same as the files beside it
+    links = re.findall(
+        r'<a download="([^"]+\.svg)" href="data:image/svg\+xml;base64,([^"]+)"', text
+    )
+    assert links and all((tmp_path / name).read_bytes() == b64decode(data) for name, data in links)
+    # the header comment is shown once, above the spec
+    assert text.count("Provenance test: two chunks") == 1
 
 
 def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
@@ -303,10 +363,10 @@ def test_report_omits_empty_tables():
         status_counts=pd.DataFrame({"status": ["completed"], "runs": [3]}),
         regime_counts=empty,
         fits=pd.DataFrame(),
-        figures=[ReportFigure("f", b"\x89PNG", "cap", None, "f.svg")],
+        figures=[ReportFigure("f", b"\x89PNG", "cap", None, b"<svg/>")],
         plateau_counts=empty,
     )
     assert 'id="status-counts"' in html
     for gone in ("regime-counts", "plateau-counts", "slope-table", "Fitted slopes"):
         assert gone not in html
-    assert '<a href="f.svg">SVG</a>' in html
+    assert '<a download="f.svg" href="data:image/svg+xml;base64,PHN2Zy8+">SVG</a>' in html

@@ -19,7 +19,7 @@ import pandas as pd
 from matplotlib import pyplot as plt
 from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, FigureBase
 from phasesweep.analysis import _style as style
 from phasesweep.analysis._phase import AXES
 from phasesweep.analysis.config import AnalysisConfig, PlotSpec, StoredSweep
@@ -193,32 +193,29 @@ def grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
 
 def canvas(
     ax: Axes | None, nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw
-) -> tuple[Figure, np.ndarray]:
-    """A (nrows, ncols) array of panels: in a new figure of ``figsize``, or in the place
-    of ``ax`` (which is reused when one panel is enough, else replaced by the grid)."""
+) -> tuple[FigureBase, np.ndarray]:
+    """A (nrows, ncols) array of panels: in a new figure of ``figsize``, or in a subfigure
+    that takes the place of ``ax`` (which is removed).
+
+    A subfigure is a figure of its own inside the caller's: its title, colour bar and
+    legend stay inside ``ax``'s place instead of running over the caller's other panels.
+    A caller's figure without a layout engine gets matplotlib's constrained layout (the
+    one that keeps labels, colour bars and outside legends apart)."""
     if ax is None:
         fig, axes = plt.subplots(
             nrows, ncols, figsize=figsize, squeeze=False, layout="constrained", **subplot_kw
         )
         return fig, axes
-    fig = ax.figure
-    if nrows * ncols == 1:
-        return fig, np.array([[ax]])
     spec = ax.get_subplotspec()
     if spec is None:
-        raise ValueError("ax must be a subplot (made by subplots or add_subplot) to hold a grid")
+        raise ValueError("ax must be a subplot (made by subplots or add_subplot) to draw into")
+    root = ax.get_figure(root=True)
+    if root.get_layout_engine() is None:
+        root.set_layout_engine("constrained")
+    parent = ax.get_figure(root=False)
     ax.remove()
-    sub = spec.subgridspec(nrows, ncols)
-    share = {k: v for k, v in subplot_kw.items() if k in ("sharex", "sharey")}
-    axes = np.empty((nrows, ncols), dtype=object)
-    for i in range(nrows):
-        for j in range(ncols):
-            kw = {}
-            for k, v in share.items():
-                if v is True and (i or j):
-                    kw[k] = axes[0][0]
-            axes[i][j] = fig.add_subplot(sub[i, j], **kw)
-    return fig, axes
+    sub = parent.add_subfigure(spec)
+    return sub, sub.subplots(nrows, ncols, squeeze=False, **subplot_kw)
 
 
 def hide_unused(axes: np.ndarray, used: int) -> None:
@@ -228,31 +225,55 @@ def hide_unused(axes: np.ndarray, used: int) -> None:
         a.set_visible(False)
 
 
+def width_in(fig: FigureBase) -> float:
+    """Width of a figure or subfigure in inches."""
+    return fig.bbox.width / fig.dpi
+
+
+def legend_columns(handles: list, width: float, most: int) -> int:
+    """How many legend columns (at most ``most``) fit ``width`` inches at the legend's
+    font size: a legend wider than its figure is cut off at the edges."""
+    size = plt.rcParams["legend.fontsize"]
+    size = size if isinstance(size, int | float) else 9.0
+    longest = max((len(h.get_label()) for h in handles), default=1)
+    column = (longest * 0.55 * size + 45) / 72  # characters, the handle and the gap
+    return max(1, min(most, int(width // column), len(handles)))
+
+
 def finish(
-    fig: Figure,
+    fig: FigureBase,
     axes: np.ndarray,
-    own: bool,
     title: str,
     handles: list | None = None,
     legend_kw: dict | None = None,
-) -> None:
-    """Title and legend: the figure's own when it was created here, else the panels'
-    (a caller's figure keeps its title; a legend goes on the last visible panel)."""
+    *,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+) -> Figure:
+    """Title, legend (below the panels), ``xlabel`` under each column and ``ylabel`` (one
+    for a grid of panels); returns the root figure. The same in a figure of its own
+    and in a subfigure in a caller's figure (see :func:`canvas`)."""
     handles = handles or []
     legend_kw = dict(frameon=False, **(legend_kw or {}))
-    if own:
-        if handles:
-            legend_kw.setdefault("loc", "outside lower center")
-            fig.legend(handles=handles, **legend_kw)
-        fig.suptitle(wrap(title, fig.get_figwidth(), size=15))
-        return
+    own = fig is fig.get_figure(root=True)
+    width = width_in(fig)
+    if handles:
+        legend_kw["ncols"] = legend_columns(handles, width, legend_kw.get("ncols", 1))
+        legend_kw.setdefault("loc", "outside lower center")
+        fig.legend(handles=handles, **legend_kw)
     visible = [a for a in axes.ravel() if a.get_visible()]
-    if handles and visible:
-        legend_kw.pop("loc", None)
-        legend_kw.pop("ncols", None)
-        visible[-1].legend(handles=handles, fontsize="small", **legend_kw)
-    if len(visible) == 1 and not visible[0].get_title():
-        visible[0].set_title(wrap(title, visible[0].bbox.width / fig.dpi), fontsize="medium")
+    if xlabel:  # under the lowest panel of each column (a figure-wide one would meet the legend)
+        for column in axes.T:
+            shown = [a for a in column if a.get_visible()]
+            if shown:
+                shown[-1].set_xlabel(xlabel)
+    if ylabel and len(visible) == 1:
+        visible[0].set_ylabel(ylabel)
+    elif ylabel:
+        fig.supylabel(ylabel, fontsize=plt.rcParams["axes.labelsize"])
+    size = 15 if own else 12
+    fig.suptitle(wrap(title, width, size=size), fontsize=size)
+    return fig.get_figure(root=True)
 
 
 def plain_log_labels(ax: Axes, axis: str = "y") -> None:

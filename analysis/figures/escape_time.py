@@ -53,8 +53,39 @@ def matching_fits(fits: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return fits[keep]
 
 
+def fitted_spans(g: pd.DataFrame) -> list[tuple[float, float]]:
+    """The init-scale ranges a fitted line may cover: runs of two or more consecutive init
+    scales of the group ``g`` (rows: ``init_scale``, ``in_fit``) that each have a fitted
+    run. A line never crosses an init scale whose runs were all left out of the fit."""
+    fitted = g.groupby("init_scale")["in_fit"].any().sort_index()
+    spans: list[tuple[float, float]] = []
+    start = prev = None
+    for a, ok in fitted.items():
+        if ok and start is None:
+            start = a
+        elif not ok and start is not None:
+            spans.append((start, prev))
+            start = None
+        prev = a
+    if start is not None:
+        spans.append((start, prev))
+    return [(float(lo), float(hi)) for lo, hi in spans if hi > lo]
+
+
+def _clipped(spans: list[tuple[float, float]], lo: float, hi: float) -> list[np.ndarray]:
+    """Log-spaced init scales over each span, clipped to [lo, hi] (empty spans dropped)."""
+    out = []
+    for a, b in spans:
+        a, b = max(a, lo), min(b, hi)
+        if b > a:
+            out.append(np.geomspace(a, b, 50))
+    return out
+
+
 def _draw_group(ax, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict) -> list[str]:
-    """Points, fits and theory guide of one colour group; returns its legend text."""
+    """Points, fits and theory guide of one colour group; returns its legend text.
+
+    Lines (fits, theory guide) are drawn over :func:`fitted_spans` only."""
     ax.scatter(g["init_scale"], g["escape_time"], s=9, color=c, alpha=0.35, lw=0)
     agg = (
         g.groupby("init_scale")
@@ -81,46 +112,44 @@ def _draw_group(ax, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict) -> list
             lw=1,
         )
     text = []
-    center = None
+    law = None  # the fitted power law, where there is one
+    spans = fitted_spans(g)
     power = fits[(fits["x"] == "log_init_scale") & fits["slope"].notna()]
     if len(power) == 0 and (fits["x"] == "log_init_scale").any():
         text.append("no fit (too few decades or seeds)")
     if len(power):
         f = power.iloc[0]
-        a = np.geomspace(f["init_scale_min"], f["init_scale_max"], 50)
-        ax.plot(a, np.exp(f["intercept"]) * a ** f["slope"], color=c, lw=2)
+        pieces = _clipped(spans, f["init_scale_min"], f["init_scale_max"])
+        for a in pieces:
+            ax.plot(a, np.exp(f["intercept"]) * a ** f["slope"], color=c, lw=2)
         ci = f" [{f['ci_low']:.2f}, {f['ci_high']:.2f}]" if pd.notna(f["ci_low"]) else ""
-        text.append(f"fit slope {f['slope']:.2f}{ci}")
-        a_c = float(np.sqrt(f["init_scale_min"] * f["init_scale_max"]))
-        center = (a_c, float(np.exp(f["intercept"]) * a_c ** f["slope"]), a)
+        text.append(f"fit slope {f['slope']:.2f}{ci}" + ("" if pieces else " (no line)"))
+        law = (float(np.exp(f["intercept"])), float(f["slope"]))
     logf = fits[(fits["x"] == "log_inv_init_scale") & fits["slope"].notna()]
     if len(logf):
         f = logf.iloc[0]
-        a = np.geomspace(f["init_scale_min"], f["init_scale_max"], 50)
-        ax.plot(a, f["intercept"] + f["slope"] * np.log(1 / a), color=c, lw=1.6, ls="--")
+        for a in _clipped(spans, f["init_scale_min"], f["init_scale_max"]):
+            ax.plot(a, f["intercept"] + f["slope"] * np.log(1 / a), color=c, lw=1.6, ls="--")
         text.append(f"t ≈ {f['intercept']:.2g} + {f['slope']:.2g}·log(1/α)")
     depths = g["depth"].dropna().unique()
     if len(depths) != 1:
         return text
     d = int(depths[0])
-    if center is None:
-        gi = g[g["in_fit"] & ((g["init_scale"] < 1) if d == 2 else True)]
-        if len(gi):
-            a_c, t_c = _geo_center(gi["init_scale"].to_numpy(), gi["escape_time"].to_numpy())
-            center = (a_c, t_c, np.geomspace(gi["init_scale"].min(), gi["init_scale"].max(), 50))
-    if center is None:
+    pieces = _clipped(spans, 0.0, np.nextafter(1.0, 0.0) if d == 2 else np.inf)
+    if d < 2 or not pieces:
         return text
-    a_c, t_c, a = center
-    if d >= 3:
-        text.append(f"theory −{d - 2}")
-        ax.plot(a, t_c * (a / a_c) ** (-(d - 2)), color="0.3", lw=1.3, ls=":")
-        drawn["theory"] = True
-    elif d == 2:
-        a = a[a < 1]
-        if a_c < 1 and len(a):
-            text.append("theory ∝ log(1/α)")
-            ax.plot(a, t_c * np.log(1 / a) / np.log(1 / a_c), color="0.3", lw=1.3, ls=":")
-            drawn["theory"] = True
+    text.append(f"theory −{d - 2}" if d >= 3 else "theory ∝ log(1/α)")
+    for a in pieces:
+        # through the middle of this stretch: on the fitted law, else the fitted points
+        a_c = float(np.sqrt(a[0] * a[-1]))
+        if law is not None:
+            t_c = law[0] * a_c ** law[1]
+        else:
+            near = g[g["in_fit"] & g["init_scale"].between(a[0], a[-1])]
+            t_c = _geo_center(near["init_scale"].to_numpy(), near["escape_time"].to_numpy())[1]
+        shape = (a / a_c) ** (-(d - 2)) if d >= 3 else np.log(1 / a) / np.log(1 / a_c)
+        ax.plot(a, t_c * shape, color=c, lw=1.3, ls=":")
+    drawn["theory"] = True
     return text
 
 
@@ -141,9 +170,10 @@ def escape_time_figure(
     mean over seeds, bars: min-max over seeds, small dots: single seeds. Solid
     lines: the fitted power laws from ``fits`` (scaling_fits rows of each colour's
     group) over their fitted range; dashed: the fitted ``t = a + b log(1/α)``.
-    Dotted grey (a group of one depth L): the theory's slope -(L-2) (L >= 3) and,
-    for L = 2, the shape t ∝ log(1/α), drawn through the centre of the fit (or of
-    the fitted points): guides to the slope, not predictions of the level.
+    Dotted, in the group's colour (a group of one depth L): the theory's slope -(L-2)
+    (L >= 3) and, for L = 2, the shape t ∝ log(1/α), drawn through the middle of the
+    fitted law (or of the fitted points): guides to the slope, not predictions of the
+    level. Every line covers only :func:`fitted_spans`: adjacent fitted init scales.
     """
     et = points["escape_time"].to_numpy(dtype=float, na_value=np.nan)
     pts = points[np.isfinite(et) & (et > 0)].copy()
@@ -174,16 +204,15 @@ def escape_time_figure(
                 handles.append(Line2D([], [], color=c, marker="o", lw=2, label=text))
             a.set_xscale("log")
             a.set_yscale("log")
-            a.set_xlabel(label("init_scale"))
-            if k % nc == 0:
-                a.set_ylabel(label("escape_time"))
             if fv is not None:
                 a.set_title(f"{short_label(facet)} = {fmt(fv)}")
             a.grid(True, which="major", alpha=0.3)
         hide_unused(axes, len(facets))
         if drawn["theory"]:
             handles.append(
-                Line2D([], [], color="0.3", ls=":", lw=1.3, label="theory guide (slope only)")
+                Line2D(
+                    [], [], color="0.3", ls=":", lw=1.3, label="theory guide (slope only, dotted)"
+                )
             )
         if drawn["hollow"]:
             handles.append(
@@ -197,15 +226,15 @@ def escape_time_figure(
                     label="not fitted (no plateau, regime or init-scale range)",
                 )
             )
-        finish(
+        return finish(
             fig,
             axes,
-            ax is None,
             title or "Escape time vs init scale",
             handles,
-            {"ncols": 1 if len(handles) <= 6 else 2},
+            {"ncols": 2},
+            xlabel=label("init_scale"),
+            ylabel=label("escape_time"),
         )
-    return fig
 
 
 class EscapeTime(FigureKind):
@@ -213,8 +242,10 @@ class EscapeTime(FigureKind):
     order = 20
     fields = ("x", "hue", "facet", "where", "name", "title")
     caption = (
-        "Markers: geometric mean over seeds (bars: min–max); solid: fitted laws; dotted: "
-        "theory slopes drawn through the data's centre (slope only)."
+        "Markers: geometric mean over seeds (bars: min–max; hollow: runs left out of the "
+        "fit); solid and dashed lines: the fitted laws, drawn over adjacent fitted init "
+        "scales only; dotted: the theory's slope drawn through the data's centre (slope "
+        "only, not a prediction of the level)."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:

@@ -121,9 +121,6 @@ def loss_curves_figure(
                     drawn["plateau"] = True
             a.set_xscale("log")
             a.set_yscale("log")
-            a.set_xlabel(label("time"))
-            if k % nc == 0:
-                a.set_ylabel(label("train_loss"))
             if top > 0:
                 a.set_ylim(max(bottom, top * 10.0**-decades) / 1.5, top * 2.5)
             if fv is not None:
@@ -137,15 +134,15 @@ def loss_curves_figure(
             handles.append(Patch(facecolor="0.5", alpha=0.3, label="detected plateau"))
         if drawn["diverged"]:
             handles.append(Line2D([], [], color="0.3", ls="--", label="diverged run"))
-        finish(
+        return finish(
             fig,
             axes,
-            ax is None,
             title or "Train loss vs gradient-flow time",
             handles,
-            {"ncols": min(len(handles), 4) or 1},
+            {"ncols": 4},
+            xlabel=label("time"),
+            ylabel=label("train_loss"),
         )
-    return fig
 
 
 class LossCurves(FigureKind):

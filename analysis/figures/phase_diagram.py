@@ -60,9 +60,12 @@ def phase_diagram_figure(
     Colour: the mean final ``value`` over a cell's completed runs, on a log scale
     where the values span more than two decades (cells at or below 0 then take the
     lowest colour, marked "≤ 0"). A contour at ``threshold`` separates lazy from
-    rich. Cells where every run diverged are hatched grey and labelled "div"; cells
-    where some diverged carry "k/n div". The legend lists only what is drawn.
-    ``ax``: draw in its place (facets split it into a grid) instead of a new figure.
+    rich, drawn only through cells whose regime (the ``regime`` column, most common over
+    the cell's runs) is lazy or rich: a cell without one (not converged, diverged, or
+    NULL, e.g. ``analysis.at_time`` beyond its runs) has no lazy/rich side. Cells where
+    every run diverged are hatched grey and labelled "div"; cells where some diverged
+    carry "k/n div". The legend lists only what is drawn. ``ax``: draw in its place (a
+    subfigure, facets split into a grid) instead of a new figure.
     ``boundaries``: rows of the ``boundaries`` table along ``x`` (``phasesweep refine``),
     drawn over the cells with their brackets and seed crossings, per facet value.
     """
@@ -86,7 +89,13 @@ def phase_diagram_figure(
         norm = mcolors.Normalize(vmin, vmax)
     base = plt.get_cmap(style.SEQUENTIAL)
     cmap = base.with_extremes(under=base(0.0))
-    drawn = {"diverged": False, "not_converged": False, "contour": False, "boundary": False}
+    drawn = {
+        "diverged": False,
+        "not_converged": False,
+        "contour": False,
+        "boundary": False,
+        "sided": False,
+    }
 
     with style.theme():
         nr, nc = grid_shape(len(facets))
@@ -101,6 +110,7 @@ def phase_diagram_figure(
             grid = np.full((len(ys), len(xs)), np.nan)
             nrun = np.zeros_like(grid)
             nconv = np.zeros(grid.shape, dtype=bool)
+            sided = np.zeros(grid.shape, dtype=bool)  # regime lazy or rich
             ndiv = np.zeros_like(grid)
             for row in sub.itertuples(index=False):
                 if row.x not in xs or row.y not in ys:
@@ -109,7 +119,9 @@ def phase_diagram_figure(
                 grid[i, j] = np.nan if pd.isna(row.value) else row.value
                 nrun[i, j] = row.n_runs
                 ndiv[i, j] = row.n_diverged
-                nconv[i, j] = getattr(row, "regime", None) == "not_converged"
+                regime = getattr(row, "regime", None)
+                nconv[i, j] = regime == "not_converged"
+                sided[i, j] = regime in ("lazy", "rich")
             shown = grid if not log else np.where(grid > 0, grid, norm.vmin * 0.5)
             mesh = a.pcolormesh(
                 np.arange(len(xs) + 1),
@@ -181,8 +193,9 @@ def phase_diagram_figure(
                         color="black" if lum > 0.5 else "white",
                     )
             if threshold is not None and len(xs) >= 2 and len(ys) >= 2:
-                # not-converged cells have no regime to separate: keep them out of the contour
-                z = np.ma.masked_invalid(np.where(nconv, np.nan, grid))
+                # only cells with a lazy or rich regime have a side of the threshold
+                z = np.ma.masked_invalid(np.where(sided, grid, np.nan))
+                drawn["sided"] |= bool(sided.any())
                 if z.count() and z.min() < threshold < z.max():
                     cs = a.contour(
                         np.arange(len(xs)) + 0.5,
@@ -240,6 +253,12 @@ def phase_diagram_figure(
                     [], [], color="#d62728", lw=2.2, label=f"lazy | rich threshold = {threshold:g}"
                 )
             )
+        if threshold is not None and len(xs) >= 2 and len(ys) >= 2 and not drawn["sided"]:
+            handles.append(
+                Line2D(
+                    [], [], ls="none", label="no cell has a lazy or rich regime: no threshold line"
+                )
+            )
         if drawn["boundary"]:
             handles.append(
                 Line2D(
@@ -252,15 +271,13 @@ def phase_diagram_figure(
                 )
             )
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
-        finish(
+        return finish(
             fig,
             axes,
-            ax is None,
             title or f"Phase diagram: {short_label(value)} ({n_seeds} seeds per cell)",
             handles,
             {"ncols": 3},
         )
-    return fig
 
 
 class PhaseDiagram(FigureKind):
@@ -268,8 +285,11 @@ class PhaseDiagram(FigureKind):
     order = 10
     fields = ("x", "y", "value", "facet", "where", "name", "title")
     caption = (
-        "Colour: the final value, mean over seeds (log scale where it spans decades); red "
-        "contour: the lazy/rich threshold; hatched grey: every run of the cell diverged."
+        "Colour: the final value, mean over the cell's completed runs (its seeds; log scale "
+        "where it spans decades). Red line: the lazy/rich threshold of the analysis, drawn "
+        "through the cells with a lazy or rich regime only. Grey hatched cells (“div”):"
+        " every run diverged; pink dotted cells (“not conv.”): most runs did not "
+        "converge (final loss above analysis.converged_loss_frac of the initial one)."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:

@@ -24,8 +24,6 @@ from phasesweep.analysis.figures._kind import (
     finish,
     first_free,
     fixed_where,
-    grid_shape,
-    hide_unused,
     in_runs,
     plain_log_labels,
     subtitle,
@@ -44,6 +42,17 @@ def _matrix(values) -> np.ndarray:
     return mat
 
 
+def shared_time_limits(ranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """x limits per row of panels from each row's (first, last) time: one range for all
+    rows where they end within a decade of each other (the same horizon: equal times line
+    up), else each row its own (runs whose clocks differ by decades, e.g. depths)."""
+    lo = [r[0] for r in ranges]
+    hi = [r[1] for r in ranges]
+    if ranges and max(hi) <= 10 * min(hi):
+        return [(min(lo), max(hi))] * len(ranges)
+    return list(ranges)
+
+
 def singular_values_figure(
     layers: pd.DataFrame,
     *,
@@ -51,87 +60,83 @@ def singular_values_figure(
     title: str | None = None,
     ax: Axes | None = None,
 ) -> Figure:
-    """Top singular values of every layer over time, one panel per (facet value, layer).
+    """Top singular values of every layer over time: one row of panels per facet value
+    (one run each), one column per layer.
 
     ``layers``: ``time, layer, top_sv`` (lists, descending; NULL rows are skipped),
     optionally ``delta_top_sv`` (of W_l(t) - W_l(0), dashed: the init's random bulk
-    hides in ``top_sv`` what was learned), ``facet`` and ``run`` (a label of the run
-    each facet shows). σ_k has the same colour in every panel.
+    hides in ``top_sv`` what was learned), ``facet`` and ``init_scale`` (shown in a row's
+    titles where it differs between rows). σ_k has the same colour in every panel; the
+    panels of a row share their time axis, and every row does where the runs end within
+    a decade of each other (:func:`shared_time_limits`).
     """
     layers = layers[(layers["time"] > 0) & layers["top_sv"].notna()]
     keys = [None] if facet is None else sorted(layers[facet].dropna().unique())
-    panels = [
-        (fv, layer)
-        for fv in keys
-        for layer in sorted(
-            (layers if fv is None else layers[layers[facet] == fv])["layer"].unique()
-        )
-    ]
+    rows = [layers if fv is None else layers[layers[facet] == fv] for fv in keys]
+    ncols = max((int(r["layer"].max()) for r in rows if len(r)), default=1)
     has_delta = "delta_top_sv" in layers and layers["delta_top_sv"].notna().any()
     series = [("top_sv", "-")] + ([("delta_top_sv", "--")] if has_delta else [])
     kmax = 1
     vary_alpha = "init_scale" in layers and layers["init_scale"].nunique() > 1
     with style.theme():
-        nr, nc = grid_shape(len(panels), max_cols=4)
-        fig, axes = canvas(ax, nr, nc, (3.7 * nc + 1.6, 3.1 * nr + 1.4))
-        for n, (fv, layer) in enumerate(panels):
-            a = axes.ravel()[n]
-            g = layers[layers["layer"] == layer]
-            if fv is not None:
-                g = g[g[facet] == fv]
-            g = g.sort_values("time")
-            for col, ls in series:
-                mat = _matrix(g[col])
-                kmax = max(kmax, mat.shape[1])
-                colors = style.palette(max(mat.shape[1], 1))
-                few = len(g) <= 12  # sparse spectra (metrics.spectra_budget): mark the points
-                for q in range(mat.shape[1]):
-                    y = mat[:, q]
-                    ok = np.isfinite(y) & (y > 0)
-                    a.plot(
-                        g["time"].to_numpy()[ok],
-                        y[ok],
-                        color=colors[q],
-                        lw=1.4,
-                        ls=ls,
-                        marker="o" if few else None,
-                        ms=3.5,
-                        mfc="white" if ls != "-" else None,
-                    )
-            a.set_xscale("log")
-            a.set_yscale("log")
-            t_lo, t_hi = a.get_xlim()
-            if t_hi / t_lo > 5:  # labels at the decades only, not crowded minor ones
-                a.xaxis.set_minor_formatter(mticker.NullFormatter())
-            plain_log_labels(a, "y")
-            head = f"layer {layer}"
-            if fv is not None:
-                head = f"{short_label(facet)} {fmt(fv)} · {head}"
-                if vary_alpha:
-                    head = f"{head} (α {fmt(g['init_scale'].iloc[0])})"
-            a.set_title(head, fontsize="medium")
-            if n // nc == nr - 1 or n + nc >= len(panels):
-                a.set_xlabel(label("time"))
-            if n % nc == 0:
-                a.set_ylabel("singular value")
-            a.grid(True, which="major", alpha=0.3)
-        hide_unused(axes, len(panels))
-        handles = [
+        nr = len(keys)
+        fig, axes = canvas(ax, nr, ncols, (3.3 * ncols + 1.6, 2.7 * nr + 1.6))
+        limits = shared_time_limits([(r["time"].min(), r["time"].max()) for r in rows])
+        for i, (fv, row) in enumerate(zip(keys, rows)):
+            for j in range(ncols):
+                a = axes[i, j]
+                g = row[row["layer"] == j + 1].sort_values("time")
+                if g.empty:
+                    a.set_visible(False)
+                    continue
+                for col, ls in series:
+                    mat = _matrix(g[col])
+                    kmax = max(kmax, mat.shape[1])
+                    colors = style.palette(max(mat.shape[1], 1))
+                    few = len(g) <= 12  # sparse spectra (metrics.spectra_budget): mark them
+                    for q in range(mat.shape[1]):
+                        y = mat[:, q]
+                        ok = np.isfinite(y) & (y > 0)
+                        a.plot(
+                            g["time"].to_numpy()[ok],
+                            y[ok],
+                            color=colors[q],
+                            lw=1.4,
+                            ls=ls,
+                            marker="o" if few else None,
+                            ms=3.5,
+                            mfc="white" if ls != "-" else None,
+                        )
+                a.set_xscale("log")
+                a.set_yscale("log")
+                lo, hi = limits[i]
+                a.set_xlim(lo / 1.3, hi * 1.3)
+                if hi / lo > 5:  # labels at the decades only, not crowded minor ones
+                    a.xaxis.set_minor_formatter(mticker.NullFormatter())
+                plain_log_labels(a, "y")
+                head = f"layer {j + 1}"
+                if fv is not None:
+                    head = f"{short_label(facet)} {fmt(fv)} · {head}"
+                    if vary_alpha:
+                        head = f"{head} (α {fmt(g['init_scale'].iloc[0])})"
+                a.set_title(head, fontsize="medium")
+                a.grid(True, which="major", alpha=0.3)
+        handles = [Line2D([], [], color="0.3", lw=1.4, label="of W_l(t)")]
+        if has_delta:
+            handles.append(Line2D([], [], color="0.3", lw=1.4, ls="--", label="of W_l(t) − W_l(0)"))
+        handles += [
             Line2D([], [], color=c, lw=1.5, label=f"σ{q + 1}")
             for q, c in enumerate(style.palette(kmax))
         ]
-        handles.append(Line2D([], [], color="0.3", lw=1.4, label="of W_l(t)"))
-        if has_delta:
-            handles.append(Line2D([], [], color="0.3", lw=1.4, ls="--", label="of W_l(t) − W_l(0)"))
-        finish(
+        return finish(
             fig,
             axes,
-            ax is None,
             title or "Top singular values per layer",
             handles,
-            {"ncols": min(len(handles), 6)},
+            {"ncols": len(handles)},
+            xlabel=label("time"),
+            ylabel="singular value σ_k",
         )
-    return fig
 
 
 class SingularValues(FigureKind):
@@ -140,7 +145,8 @@ class SingularValues(FigureKind):
     fields = ("facet", "where", "name", "title")
     caption = (
         "Top singular values σ_k of each layer's weights W_l(t) (solid) and of their change "
-        "W_l(t) − W_l(0) (dashed), for one run per panel row (named in the panel titles)."
+        "W_l(t) − W_l(0) (dashed) over gradient-flow time: one run per row (the title says "
+        "which), one layer per column."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:
@@ -157,7 +163,7 @@ class SingularValues(FigureKind):
         extra = f", r.{p.facet}" if p.facet and p.facet not in _RUN_AXES else ""
         pick = ctx.df(
             f"SELECT * EXCLUDE (k) FROM (SELECT r.run_id, r.init_scale, r.depth, r.width, "
-            f"r.seed{extra}, row_number() OVER ({part}"
+            f"r.seed{extra}, coalesce(s.n_plateaus, 0) AS n_plateaus, row_number() OVER ({part}"
             # the smallest init that escaped a saddle (else the smallest init), deepest first
             "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
             "r.run_id) AS k FROM runs r "
@@ -193,15 +199,24 @@ class SingularValues(FigureKind):
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         runs = data["runs"]
-        shown = [a for a in _RUN_AXES if a != p.facet and runs[a].nunique() == 1]
-        desc = ", ".join(f"{short_label(a)} {fmt(runs[a].iloc[0])}" for a in shown)
+        left = runs["n_plateaus"] >= 1
+        which = "the smallest init scale" + (
+            " that left a plateau"
+            if left.all()
+            else " (none left a plateau)"
+            if not left.any()
+            else " that left a plateau, where one did"
+        )
+        if runs["init_scale"].nunique() == 1:
+            which += f" (α {fmt(runs['init_scale'].iloc[0])})"
+        fixed = [a for a in _RUN_AXES if a not in (p.facet, "init_scale")]
+        fixed = ", ".join(
+            f"{short_label(a)} {fmt(runs[a].iloc[0])}" for a in fixed if runs[a].nunique() == 1
+        )
+        runs_shown = f"one run per {short_label(p.facet)}, " if p.facet else "the run of "
         title = p.title or (
-            f"Top singular values per layer — run {desc}"
-            + (
-                f", per {short_label(p.facet)} the smallest init scale that escaped"
-                if p.facet
-                else ""
-            )
+            f"Top singular values of each layer over training: {runs_shown}{which}"
+            + (f"; {fixed}" if fixed else "")
             + subtitle(p.where)
         )
         with_sv, logged = data.get("coverage", (0, 0))

@@ -101,10 +101,6 @@ def transversal_figure(
             if 0 < len(ticks) <= 12:
                 a.set_xticks(ticks, [fmt(v) for v in ticks])
                 a.minorticks_off()
-            name = label(x) if ax is None else short_label(x)  # a caller's panel may be narrow
-            a.set_xlabel(name + (" — symlog (0 included)" if symlog_x else ""))
-            if k % nc == 0:
-                a.set_ylabel(label("transversal_grad_sq") + " (final)")
             if fv is not None:
                 a.set_title(f"{short_label(facet)} = {fmt(fv)}")
             a.grid(True, which="major", alpha=0.3)
@@ -113,15 +109,15 @@ def transversal_figure(
             Line2D([], [], color=c, marker="o", label=f"{short_label(hue)} {fmt(h)}")
             for h, c in colors.items()
         ]
-        finish(
+        return finish(
             fig,
             axes,
-            ax is None,
             title or "Transversal variation of the trained function",
             handles,
-            {"ncols": min(len(handles), 5) or 1},
+            {"ncols": 5},
+            xlabel=label(x) + (" — symlog (0 included)" if symlog_x else ""),
+            ylabel=label("transversal_grad_sq") + " (final)",
         )
-    return fig
 
 
 class Transversal(FigureKind):
