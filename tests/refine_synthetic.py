@@ -76,13 +76,13 @@ def install(
         pts = chunk.points
         with open(log_path, "a") as f:
             f.write("".join(p.run_id + "\n" for p in pts))
-        return {"runs": _runs(pts, chunk.chunk_id, node_id)}
+        return {"runs": runs_rows(pts, chunk.chunk_id, node_id)}
 
     real, trainer.train_chunk = trainer.train_chunk, train_chunk
     return real
 
 
-def _runs(points, chunk_id: str, node_id: str | None):
+def runs_rows(points, chunk_id: str, node_id: str | None):
     """The ``runs`` rows of ``points``, completed with the closed-form final loss."""
     from phasesweep.pipeline._runs import runs_table
 
@@ -102,7 +102,7 @@ def make_parent(store) -> None:
     spec = validate_spec(PARENT)
     store.write_spec(spec.name, yaml.safe_dump(PARENT))
     for c in make_chunks(expand(spec), spec):
-        store.write_chunk(spec.name, c.chunk_id, {"runs": _runs(c.points, c.chunk_id, None)})
+        store.write_chunk(spec.name, c.chunk_id, {"runs": runs_rows(c.points, c.chunk_id, None)})
 
 
 def run(
