@@ -118,7 +118,7 @@ def per_point(chunk_points: int, steps: int, grid_points: int) -> dict[str, floa
     import torch
     from phasesweep.pipeline._driver import stored_reads
     from phasesweep.pipeline._grid import Grid, group_tag
-    from phasesweep.pipeline._plan import expand_task, plan_chunks, siblings
+    from phasesweep.pipeline._plan import expand_task, plan_chunks
     from phasesweep.pipeline._trainer import ChunkTrainer
     from phasesweep.pipeline.spec import validate_spec
     from phasesweep.storage import Store
@@ -146,7 +146,7 @@ def per_point(chunk_points: int, steps: int, grid_points: int) -> dict[str, floa
         ids = [p.run_id for p in chunk.points]
         group = group_tag(chunk.points[0].config)
         lease, _ = timed("claim", Claims(store, "perpoint", group=group).acquire, ids)
-        reads = stored_reads(group, chunk.chunk_id, siblings(grid, task), time.time())
+        reads = stored_reads(group, chunk.chunk_id, time.time())
         timed("done-check", store.done_among, "perpoint", ids, reads)
         trainer = timed("set-up", ChunkTrainer, chunk, "cpu")
         start = time.process_time()

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,8 +57,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from phasesweep.pipeline._auth import private_folder
-from phasesweep.pipeline._grid import GROUP_TAG_LEN, Chunk, Grid, Point, group_tag, tagged
-from phasesweep.pipeline._plan import ChunkTask, expand_task, siblings
+from phasesweep.pipeline._grid import (
+    GROUP_TAG_LEN,
+    LAYOUT_LEN,
+    Chunk,
+    Grid,
+    Point,
+    group_tag,
+    tagged,
+)
+from phasesweep.pipeline._plan import ChunkTask, expand_task
 from phasesweep.pipeline._progress import Progress
 from phasesweep.pipeline._ray import connect
 from phasesweep.pipeline._runs import runs_table
@@ -200,22 +208,25 @@ class _StepHook:
 
 #: Seconds of slack between the plan's time stamp and the modification times of store
 #: files written by other hosts: a file of another layout changed less than this before
-#: the plan is read again by the trials (the plan may have read it before it was whole).
-CLOCK_SLACK = 600.0
+#: the plan is read again by the trials. Twice the default lease TTL: hosts' clocks must
+#: agree to well within the TTL already (:mod:`phasesweep.storage._claims`).
+CLOCK_SLACK = 120.0
 
 
 def stored_reads(
-    group: str, chunk_id: str, siblings: Collection[str] | None, planned_at: float | None
+    group: str, chunk_id: str, planned_at: float | None
 ) -> Callable[[str | None, float], bool]:
     """Which ``runs`` files a trial of chunk ``chunk_id`` of ``group`` (the group tag of
     its points) reads to find its stored points (a ``select`` for
     :meth:`Store.done_among`): every file of its own chunk id; a file of another chunk
-    of its group, unless it is one of its ``siblings`` (the plan's chunks of the group,
-    which hold none of its points); a file whose chunk id has no group tag (older
-    stores, compacted files). Files of other chunk ids older than
-    ``planned_at`` (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left
-    their points out of the chunk. ``siblings``/``planned_at`` None: no plan (explicit
-    points): all of those are read."""
+    of its group, unless the plan made both (``planned_at`` given: a chunk id that shares
+    the first :data:`~pipeline._grid.LAYOUT_LEN` digits with its own cuts the group the
+    same way, and holds none of its points); a file whose chunk id has no group tag
+    (older stores, compacted files). Files of other chunk ids older than ``planned_at``
+    (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left their points
+    out of the chunk. ``planned_at`` None: explicit points, no plan: all of those are
+    read."""
+    layout = chunk_id[:LAYOUT_LEN] if planned_at is not None else None
 
     def select(chunk: str | None, mtime: float) -> bool:
         if chunk == chunk_id:
@@ -223,7 +234,7 @@ def stored_reads(
         if (
             chunk is not None
             and tagged(chunk)
-            and (chunk[:GROUP_TAG_LEN] != group or (siblings is not None and chunk in siblings))
+            and (chunk[:GROUP_TAG_LEN] != group or chunk[:LAYOUT_LEN] == layout)
         ):
             return False
         return planned_at is None or mtime >= planned_at - CLOCK_SLACK
@@ -241,7 +252,6 @@ def train_and_store(
     launch_id: str = "",
     commit_every: float = 300.0,
     report=lambda metrics: None,  # noqa: ANN001
-    siblings: Collection[str] | None = None,
     planned_at: float | None = None,
 ) -> dict[str, Any]:
     """Train the chunk's members that the store does not hold and no one else is
@@ -249,8 +259,8 @@ def train_and_store(
 
     Claims the points first (:mod:`phasesweep.storage._claims`, in the chunk's group),
     then reads which of them the store holds, from the files that can hold them
-    (:func:`stored_reads`: its own chunk's, and other layouts' newer than ``planned_at``;
-    none of the rest of the sweep), resumes from a checkpoint of exactly these points if
+    (:func:`stored_reads`: its own chunk's, and other layouts' newer than ``planned_at``,
+    when the plan made the chunk; none of the rest of the sweep), resumes from a checkpoint of exactly these points if
     one exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
     launch's stop marker appears, and commits only the points it still owns.
     ``report`` receives progress dicts during training. Returns the small summary a
@@ -276,7 +286,7 @@ def train_and_store(
     try:
         with Renewer(lease):
             done = store.done_among(
-                sweep, lease.run_ids, stored_reads(group, chunk.chunk_id, siblings, planned_at)
+                sweep, lease.run_ids, stored_reads(group, chunk.chunk_id, planned_at)
             )
             mine = [p for p in chunk.points if p.run_id in lease.run_ids and p.run_id not in done]
             summary.update(busy=len(busy), skipped=len(chunk.points) - len(mine) - len(busy))
@@ -344,8 +354,7 @@ def _trial(
     device = str(trial_device(assigned))  # a GPU given and unusable: a clear error
     _, item = config["chunk"]
     if isinstance(item, ChunkTask):
-        chunk, plan = expand_task(grid, item), {"siblings": siblings(grid, item)}
-        plan["planned_at"] = planned_at
+        chunk, plan = expand_task(grid, item), {"planned_at": planned_at}
     else:
         chunk, plan = _decode(*item), {}
     node = ray.get_runtime_context().get_node_id()
@@ -487,12 +496,10 @@ class _Chunks:
         """Chunk i's points the store does not hold (read as its trial reads them)."""
         item = self.items[i]
         points = self.points(i)
-        plan = (None, None)
-        if isinstance(item, ChunkTask):
-            plan = (siblings(self.grid, item), self.planned_at)
+        planned_at = self.planned_at if isinstance(item, ChunkTask) else None
         if not points:
             return []
-        reads = stored_reads(group_tag(points[0].config), item.chunk_id, *plan)
+        reads = stored_reads(group_tag(points[0].config), item.chunk_id, planned_at)
         done = store.done_among(sweep, [p.run_id for p in points], reads)
         return [p for p in points if p.run_id not in done]
 

@@ -739,11 +739,15 @@ def chunk_parts(members: int, size: int, share: int) -> int:
     return min(max(-(-members // size), share), members)
 
 
-#: Hex digits of a chunk id that name its group (:func:`group_tag`); the rest tell the
-#: chunks of a group apart.
+#: Hex digits of a chunk id that name its group (:func:`group_tag`).
 GROUP_TAG_LEN = 8
-#: Hex digits after the group tag.
-PART_TAG_LEN = 12
+#: Hex digits after the group tag: in a planned chunk (:mod:`pipeline._plan`) a layout tag
+#: (8: the member axes and how many chunks the group is cut into) and the chunk's index in
+#: its group (8); in a chunk of explicit points a hash of their run ids.
+PART_TAG_LEN = 16
+#: Hex digits of a planned chunk id up to its index: the chunks that share them cut one
+#: group the same way, so none holds another's points.
+LAYOUT_LEN = GROUP_TAG_LEN + 8
 
 
 def group_tag(config: RunConfig) -> str:

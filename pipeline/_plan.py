@@ -7,13 +7,15 @@ members (in grid order). A trial expands its own task into points
 (:func:`expand_task`); the driver holds the tasks, O(chunks) in memory and time, so a
 10⁷-point grid plans in seconds.
 
-Chunk ids: a group tag (a hash of the group's shapes, :func:`pipeline._grid.group_tag`)
-and a part tag (a hash of the member axes and the range), so the same chunk of the same
+Chunk ids: a group tag (a hash of the group's shapes, :func:`pipeline._grid.group_tag`),
+a layout tag (a hash of the member axes and of how many chunks the group is cut into,
+:func:`layout_tag`) and the chunk's index in its group. So the same chunk of the same
 grid has the same id on every relaunch (and its checkpoint is found), a chunk is found
-in the store by its id alone, and the chunks of one layout of a group partition it:
-a point is stored under its own chunk's id or under one of another layout (an extended
-grid, another chunk size or number of trials). :func:`plan_stored` reads which chunks
-the store already holds.
+in the store by its id alone, and the chunks of one layout of a group partition it: a
+point is stored under its own chunk's id or under one of another layout (an extended
+grid, another chunk size or number of trials), which a trial tells from the id's first
+:data:`pipeline._grid.LAYOUT_LEN` digits. :func:`plan_stored` reads which chunks the
+store already holds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from phasesweep.pipeline._grid import (
     GROUP_TAG_LEN,
-    PART_TAG_LEN,
+    LAYOUT_LEN,
     Chunk,
     Grid,
     chunk_bounds,
@@ -80,10 +82,10 @@ def member_digest(grid: Grid) -> str:
     return hashlib.sha256(json.dumps(axes, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def part_tag(digest: str, start: int, stop: int) -> str:
-    """The part of a chunk id after the group tag: members ``[start, stop)`` of a group
-    whose member axes hash to ``digest``."""
-    return hashlib.sha256(f"{digest}:{start}:{stop}".encode()).hexdigest()[:PART_TAG_LEN]
+def layout_tag(digest: str, parts: int) -> str:
+    """The 8 hex digits after the group tag of a planned chunk id: a group whose member
+    axes hash to ``digest``, cut into ``parts`` chunks (:data:`pipeline._grid.LAYOUT_LEN`)."""
+    return hashlib.sha256(f"{digest}:{parts}".encode()).hexdigest()[: LAYOUT_LEN - GROUP_TAG_LEN]
 
 
 def plan_chunks(
@@ -112,18 +114,11 @@ def plan_chunks(
         size = chunk_members(config, grid.spec.execution, device_memory)
         parts = chunk_parts(grid.members, size, share)
         bounds = chunk_bounds(grid.members, parts)
-        tag = group_tag(config)
-        for start, stop in zip(bounds[:-1], bounds[1:]):
-            chunk_id = tag + part_tag(digest, start, stop)
+        prefix = group_tag(config) + layout_tag(digest, parts)
+        for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+            chunk_id = f"{prefix}{index:08x}"
             tasks.append(ChunkTask(chunk_id, group, start, stop, parts, config.train.steps))
     return tasks
-
-
-def siblings(grid: Grid, task: ChunkTask) -> frozenset[str]:
-    """The chunk ids of ``task``'s group in its plan: no other of them holds its points."""
-    bounds = chunk_bounds(grid.members, task.parts)
-    tag, digest = task.chunk_id[:GROUP_TAG_LEN], member_digest(grid)
-    return frozenset(tag + part_tag(digest, a, b) for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 def expand_task(grid: Grid, task: ChunkTask) -> Chunk:

@@ -24,7 +24,6 @@ from phasesweep.pipeline._plan import (
     expand_task,
     plan_chunks,
     plan_stored,
-    siblings,
 )
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.storage import Store
@@ -188,11 +187,12 @@ def test_points_stored_under_other_chunk_ids_are_found_by_run_id(tmp_path, store
 
 
 def test_stored_reads_pick_the_files_that_can_hold_a_chunks_points():
-    group, own = "aaaaaaaa", "aaaaaaaa" + "1" * 12
-    sibling, foreign = "aaaaaaaa" + "2" * 12, "aaaaaaaa" + "3" * 12
-    other_group = "bbbbbbbb" + "1" * 12
+    group, layout = "aaaaaaaa", "aaaaaaaa" + "11111111"
+    own, sibling = layout + "00000003", layout + "00000004"
+    foreign = group + "22222222" + "00000003"  # the group cut another way
+    other_group = "bbbbbbbb" + "11111111" + "00000003"
     planned = time.time()
-    select = stored_reads(group, own, {own, sibling}, planned)
+    select = stored_reads(group, own, planned)
     old, new = planned - 10_000, planned + 1
     assert select(own, old) and select(own, new)
     assert not select(sibling, new)  # the plan's chunks partition the group
@@ -200,8 +200,9 @@ def test_stored_reads_pick_the_files_that_can_hold_a_chunks_points():
     assert select(foreign, new) and not select(foreign, old)  # another layout, after the plan
     assert select("c0legacy", new) and not select("c0legacy", old)
     assert select(None, new) and not select(None, old)  # compacted files
-    free = stored_reads(group, own, None, None)  # explicit points: no plan
-    assert free(foreign, old) and free(None, old) and not free(other_group, old)
+    free = stored_reads(group, own, None)  # explicit points: no plan, no layout
+    assert free(foreign, old) and free(sibling, old) and free(None, old)
+    assert not free(other_group, old)
 
 
 def test_explicit_chunks_carry_their_group_tag():
@@ -289,8 +290,18 @@ def test_task_bitmask():
     assert t.stored_count == 3 and not t.is_stored(99)
 
 
-def test_siblings_are_the_group_chunks_of_the_plan():
-    g = Grid(_spec({"width": [8, 16], "seed": {"range": [0, 9]}}, execution={"max_chunk_size": 4}))
-    tasks = plan_chunks(g)
+def test_a_layout_is_told_by_its_chunk_ids():
+    """Chunks of one plan of a group share their first LAYOUT_LEN digits and differ after;
+    another chunk size or other member values give another layout tag."""
+    from phasesweep.pipeline._grid import LAYOUT_LEN
+
+    spec = _spec({"width": [8, 16], "seed": {"range": [0, 9]}}, execution={"max_chunk_size": 4})
+    tasks = plan_chunks(Grid(spec))
     for t in tasks:
-        assert siblings(g, t) == {u.chunk_id for u in tasks if u.group == t.group}
+        same = {u.chunk_id[:LAYOUT_LEN] for u in tasks if u.group == t.group}
+        assert same == {t.chunk_id[:LAYOUT_LEN]}
+    other = plan_chunks(Grid(_spec(spec.grid, execution={"max_chunk_size": 5})))
+    assert {t.chunk_id[:LAYOUT_LEN] for t in other}.isdisjoint(
+        {t.chunk_id[:LAYOUT_LEN] for t in tasks}
+    )
+    assert {t.chunk_id[:8] for t in other} == {t.chunk_id[:8] for t in tasks}

@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 from phasesweep.pipeline._driver import train_and_store
 from phasesweep.pipeline._grid import Grid
-from phasesweep.pipeline._plan import expand_task, plan_chunks, plan_stored, siblings
+from phasesweep.pipeline._plan import expand_task, plan_chunks, plan_stored
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.storage import Store
 
@@ -55,7 +55,6 @@ def _launch(root: str, max_chunk: int, backwards: bool, barrier, out) -> None:  
             "race",
             expand_task(grid, task),
             "cpu",
-            siblings=siblings(grid, task),
             planned_at=planned_at,
         )
         totals.update({k: summary[k] for k in ("points", "busy", "skipped")})

@@ -186,7 +186,9 @@ def test_default_tol_is_four_halvings_on_a_log_spaced_grid(tmp_path, monkeypatch
     spec = validate_spec(parent)
     store.write_spec(spec.name, yaml.safe_dump(parent))
     for c in make_chunks(expand(spec), spec):
-        store.write_chunk(spec.name, c.chunk_id, {"runs": syn.runs_rows(c.points, c.chunk_id, None)})
+        store.write_chunk(
+            spec.name, c.chunk_id, {"runs": syn.runs_rows(c.points, c.chunk_id, None)}
+        )
     us = [coord(x, True) for x in np.logspace(-0.5, 0.5, 5).tolist()]  # as refine's plan
     assert min(np.diff(us)) / 16 < 0.25 / 16  # the round-off the slack absorbs
     real = syn.install(str(tmp_path / "trained.log"))
