@@ -3,7 +3,7 @@
 No list of points is made here. A :class:`~pipeline._grid.Grid` is the spec's axes; a
 chunk is a :class:`ChunkTask`: which group it trains (one value index per split axis:
 the points of a group share every shape and code path) and which range of the group's
-members (in grid order). A trial expands its own task into points
+members. A trial expands its own task into points
 (:func:`expand_task`); the driver holds the tasks, O(chunks) in memory and time, so a
 10⁷-point grid plans in seconds.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,20 +42,18 @@ from phasesweep.storage import Store
 
 @dataclass(frozen=True)
 class ChunkTask:
-    """One chunk of a grid, as a trial receives it: members ``[start, stop)`` of ``group``.
+    """One chunk of a grid, as a trial receives it: members ``[start, stop)`` of ``group``
+    (in the group's member order, see :class:`~pipeline._grid.Grid`).
 
-    ``parts``: chunks of the group in this plan (their ranges follow from the group's
-    size and ``parts``, see :func:`pipeline._grid.chunk_bounds`); ``steps``: training
-    steps per member; ``stored``: a bitmask over the range (bit i of byte i // 8, little
-    bit first) of the members the store held when the plan was made, where the plan
-    looked them up (empty where it knew of none).
+    ``steps``: training steps per member; ``stored``: a bitmask over the range (bit i of
+    byte i // 8, little bit first) of the members the store held when the plan was made,
+    where the plan looked them up (empty where it knew of none).
     """
 
     chunk_id: str
     group: tuple[int, ...]
     start: int
     stop: int
-    parts: int
     steps: int
     stored: bytes = b""
 
@@ -77,7 +75,7 @@ class ChunkTask:
 
 def member_digest(grid: Grid) -> str:
     """A hash of the grid's member axes (paths and values as the spec gives them): the
-    part tags of two grids agree only where their groups have the same members."""
+    layout tags of two grids agree only where their groups have the same members."""
     axes = [[grid.axes[i].path, grid.spec.grid[grid.axes[i].name]] for i in grid.member]
     return hashlib.sha256(json.dumps(axes, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -117,7 +115,7 @@ def plan_chunks(
         prefix = group_tag(config) + layout_tag(digest, parts)
         for index, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
             chunk_id = f"{prefix}{index:08x}"
-            tasks.append(ChunkTask(chunk_id, group, start, stop, parts, config.train.steps))
+            tasks.append(ChunkTask(chunk_id, group, start, stop, config.train.steps))
     return tasks
 
 
@@ -185,8 +183,3 @@ def _stored_bits(grid: Grid, task: ChunkTask, stored: Collection[str]) -> tuple[
         else:
             complete = False
     return bits, complete
-
-
-def task_sizes(tasks: Iterable[ChunkTask]) -> list[tuple[int, int]]:
-    """(members to train, steps per member) of each task, for the progress bar."""
-    return [(t.size - t.stored_count, t.steps) for t in tasks]

@@ -285,7 +285,7 @@ def test_a_repeated_split_value_is_one_group():
 
 
 def test_task_bitmask():
-    t = ChunkTask("x" * 20, (), 0, 10, 1, 5, bytes([0b101, 0b10]))
+    t = ChunkTask("x" * 24, (), 0, 10, 5, bytes([0b101, 0b10]))
     assert [t.is_stored(i) for i in range(10)] == [1, 0, 1, 0, 0, 0, 0, 0, 0, 1]
     assert t.stored_count == 3 and not t.is_stored(99)
 
