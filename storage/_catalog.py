@@ -15,6 +15,9 @@ columns that older files lack are NULL. ``attempt`` stays visible for debugging.
   attempt)`` is in ``runs``: rows of an attempt that died before its commit, or
   of a duplicate commit, are never seen.
 
+:func:`run_batches` reads a sweep's runs and their trajectories as these views show
+them, a batch of runs at a time, for work too large to read whole (``analyze``).
+
 The catalog is a snapshot: the file lists are taken when it is opened (``runs``
 first, so every run it shows has all of its rows, then the others, then ``runs``
 again: if that changed, a compaction removed files meanwhile and the lists are
@@ -25,11 +28,15 @@ costs its own rows, never the other files' or another sweep's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from phasesweep.storage import schema
 from phasesweep.storage._manifest import manifest_table
 from phasesweep.storage._store import Store, as_store
@@ -224,3 +231,119 @@ def sql_string(text: str) -> str:
     """``text`` as an SQL string literal (single quotes, inner ones doubled): the one
     quoting of values into the SQL that phasesweep writes (DuckDB's standard SQL)."""
     return "'" + text.replace("'", "''") + "'"
+
+
+def run_batches(
+    store: Store | str | None,
+    sweep: str,
+    run_columns: Sequence[str],
+    trajectory_columns: Sequence[str],
+    batch_runs: int,
+) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """``(runs, trajectories)`` of ``sweep``, at most ``batch_runs`` runs at a time: the rows
+    the ``runs`` view shows (``run_id``, ``attempt`` and ``run_columns``) and, of those runs,
+    the rows the ``trajectories`` view shows (``run_id`` and ``trajectory_columns``, in no
+    particular order). Every run is in exactly one batch; the batches follow
+    ``(attempt, run_id)``.
+
+    Memory holds the ``runs`` rows asked for and one batch of trajectories, whatever the
+    sweep's size: each batch reads only the files that may hold its runs' attempts (by
+    their footers' statistics: one file per chunk attempt, a range of runs of a compacted
+    one), and of those only the row groups that may hold its runs. The files are one
+    snapshot (:func:`snapshot`); a compaction that removes them meanwhile makes the read
+    fail (run it again).
+    """
+    store = as_store(store)
+    if batch_runs < 1:
+        raise ValueError(f"batch_runs must be at least 1, got {batch_runs}")
+    files = snapshot(store, sweep, ("trajectories",))
+    con = catalog_connection(store, {"runs": files["runs"]})
+    try:
+        columns = ", ".join(f'"{c}"' for c in dict.fromkeys(["run_id", "attempt", *run_columns]))
+        runs = con.sql(
+            f"SELECT {columns} FROM runs WHERE sweep = ? ORDER BY attempt, run_id", params=[sweep]
+        ).to_arrow_table()
+    finally:
+        con.close()
+    index = _TrajectoryFiles(store, files["trajectories"])
+    wanted = list(dict.fromkeys(["run_id", "attempt", *trajectory_columns]))
+    for start in range(0, runs.num_rows, batch_runs):
+        batch = runs.slice(start, batch_runs)
+        yield batch, index.rows(batch.select(["run_id", "attempt"]), wanted)
+
+
+@dataclass(frozen=True)
+class _FileRange:
+    """One Parquet file and the (min, max) of its ``attempt`` and ``run_id`` (None: unknown)."""
+
+    path: str
+    attempt: tuple[str, str] | None
+    run_id: tuple[str, str] | None
+
+
+class _TrajectoryFiles:
+    """The ``trajectories`` files of a snapshot, found by the attempts and runs they hold."""
+
+    #: footers read at once from an object store
+    THREADS = 16
+
+    def __init__(self, store: Store, paths: Sequence[str]):
+        self.store = store
+        workers = 1 if store.is_local else self.THREADS
+        with ThreadPoolExecutor(workers) as pool:
+            ranges = [f for f in pool.map(self._range, paths) if f is not None]
+        self.by_attempt: dict[str, list[_FileRange]] = {}
+        self.mixed: list[_FileRange] = []  # files of several (or unknown) attempts
+        for f in ranges:
+            if f.attempt is not None and f.attempt[0] == f.attempt[1]:
+                self.by_attempt.setdefault(f.attempt[0], []).append(f)
+            else:
+                self.mixed.append(f)
+
+    def _range(self, path: str) -> _FileRange | None:
+        """The file's ranges; None for a file without rows."""
+        meta = pq.read_metadata(path, filesystem=self.store.arrow_fs)
+        if meta.num_rows == 0:
+            return None
+        return _FileRange(path, _min_max(meta, "attempt"), _min_max(meta, "run_id"))
+
+    def rows(self, keys: pa.Table, columns: list[str]) -> pa.Table:
+        """The rows (``columns``) whose ``(run_id, attempt)`` is a row of ``keys``."""
+        target = schema.TRAJECTORIES
+        attempts = pc.unique(keys["attempt"]).to_pylist()
+        lo, hi = pc.min(keys["run_id"]).as_py(), pc.max(keys["run_id"]).as_py()
+        a_lo, a_hi = min(attempts), max(attempts)
+        candidates = [f for a in attempts for f in self.by_attempt.get(a, [])]
+        candidates += [f for f in self.mixed if _overlaps(f.attempt, a_lo, a_hi)]
+        paths = [f.path for f in candidates if _overlaps(f.run_id, lo, hi)]
+        if not paths:
+            return target.empty_table().select(columns)
+        run_id = ds.field("run_id")
+        rows = ds.dataset(
+            paths, schema=target, format="parquet", filesystem=self.store.arrow_fs
+        ).to_table(
+            columns=columns,
+            filter=(run_id >= lo) & (run_id <= hi) & run_id.isin(keys["run_id"]),
+        )
+        return rows.join(keys, ["run_id", "attempt"], join_type="left semi").select(columns)
+
+
+def _min_max(meta: pq.FileMetaData, column: str) -> tuple[str, str] | None:
+    """(min, max) of a string column over a file's row groups, from its footer; None where
+    a row group has no statistics (or the file lacks the column)."""
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if column not in names:
+        return None
+    j = names.index(column)
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(j).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else None
+
+
+def _overlaps(span: tuple[str, str] | None, lo: str, hi: str) -> bool:
+    return span is None or (span[0] <= hi and span[1] >= lo)

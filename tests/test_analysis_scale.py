@@ -1,0 +1,171 @@
+"""Analysis at scale: batched reading and analysis, streamed analysis partitions, memory.
+
+``analyze`` reads a sweep a batch of runs at a time (``storage._catalog.run_batches``) and
+streams its partitions (``Store.analysis_writer``): checked against the catalog views and
+against the whole-sweep analysis (:func:`analysis._analyze.analyze_frames`), row for row.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from phasesweep.storage import Store, compact, open_catalog, schema
+from phasesweep.storage._catalog import run_batches
+
+EARLY = datetime(2026, 1, 1, tzinfo=timezone.utc)
+LATE = datetime(2026, 1, 2, tzinfo=timezone.utc)
+
+
+def _set(table: pa.Table, column: str, values) -> pa.Table:
+    if column not in table.column_names:
+        return table.append_column(column, pa.array(values))
+    return table.set_column(table.column_names.index(column), column, pa.array(values))
+
+
+@pytest.fixture
+def messy_store(tmp_path, store_make_chunk):
+    """A store whose views must choose: several chunks, a run committed twice (the earlier
+    commit shows), failed runs with trajectory rows retried by a later attempt, an attempt
+    that died before its commit, and another sweep."""
+    store = Store.open(str(tmp_path / "store"))
+    for c in range(4):
+        ids = [f"r{c}{i}" for i in range(5)]
+        store.write_chunk("s", f"c{c}", store_make_chunk(ids, steps=4, seed=c, finished_at=LATE))
+    store.write_chunk(
+        "s", "dup", store_make_chunk(["r00", "r11"], steps=4, seed=7, finished_at=EARLY)
+    )
+    failed = store_make_chunk(["f1", "f2"], steps=3, seed=8, finished_at=EARLY)
+    failed["runs"] = _set(failed["runs"], "status", ["failed", "failed"])
+    store.write_chunk("s", "c9", failed)
+    store.write_chunk("s", "c9", store_make_chunk(["f1"], steps=4, seed=9, finished_at=LATE))
+    dead = store_make_chunk(["r20", "z1"], steps=4, seed=10)
+    orphan = schema.to_table("trajectories", _set(dead["trajectories"], "attempt", ["dead"] * 8))
+    store.put(f"{store.table_dir('trajectories')}/sweep=s/part-c2-dead.parquet", _parquet(orphan))
+    store.write_chunk("t", "c0", store_make_chunk(["r00", "t1"], steps=4, seed=11))
+    return store
+
+
+def _parquet(table: pa.Table) -> bytes:
+    from phasesweep.storage._writer import parquet_bytes
+
+    return parquet_bytes(table)
+
+
+def _views(store: Store, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    con = open_catalog(store)
+    runs = con.sql(
+        "SELECT run_id, attempt, status, seed FROM runs WHERE sweep = ? ORDER BY run_id",
+        params=[sweep],
+    ).df()
+    traj = con.sql(
+        "SELECT run_id, attempt, step, train_loss FROM trajectories WHERE sweep = ? "
+        "ORDER BY run_id, step",
+        params=[sweep],
+    ).df()
+    return runs, traj
+
+
+def _batched(store: Store, sweep: str, batch_runs: int):
+    batches = list(
+        run_batches(store, sweep, ["status", "seed"], ["step", "train_loss"], batch_runs)
+    )
+    runs = pd.concat([r.to_pandas() for r, _ in batches], ignore_index=True)
+    traj = pd.concat([t.to_pandas() for _, t in batches], ignore_index=True)
+    # every batch's trajectory rows belong to its own runs
+    for r, t in batches:
+        assert set(t["run_id"].to_pylist()) <= set(r["run_id"].to_pylist())
+    return (
+        batches,
+        runs.sort_values("run_id", ignore_index=True),
+        traj[["run_id", "attempt", "step", "train_loss"]].sort_values(
+            ["run_id", "step"], ignore_index=True
+        ),
+    )
+
+
+@pytest.mark.parametrize("batch_runs", [1, 3, 7, 1000])
+def test_run_batches_show_what_the_views_show(messy_store, batch_runs):
+    want_runs, want_traj = _views(messy_store, "s")
+    assert len(want_runs) == 22 and (want_runs["status"] == "failed").sum() == 1  # f2
+    batches, runs, traj = _batched(messy_store, "s", batch_runs)
+    assert all(r.num_rows <= batch_runs for r, _ in batches)
+    assert len(batches) == -(-len(want_runs) // batch_runs)
+    pd.testing.assert_frame_equal(runs, want_runs)
+    pd.testing.assert_frame_equal(traj, want_traj)
+
+
+def test_run_batches_of_a_compacted_store(messy_store, store_make_chunk):
+    """Compacted files hold many attempts' runs, sorted, a run's rows may straddle two
+    files; chunks committed after the compaction add files of their own."""
+    compact(messy_store, "s", rows_per_file=5)  # 5 rows per file: runs straddle files
+    messy_store.write_chunk("s", "late", store_make_chunk(["r30", "n1"], steps=4, seed=12))
+    want_runs, want_traj = _views(messy_store, "s")
+    assert "n1" in set(want_runs["run_id"])
+    for batch_runs in (1, 4, 100):
+        _, runs, traj = _batched(messy_store, "s", batch_runs)
+        pd.testing.assert_frame_equal(runs, want_runs)
+        pd.testing.assert_frame_equal(traj, want_traj)
+
+
+def test_run_batches_read_only_the_files_of_their_attempts(messy_store, monkeypatch):
+    """A batch of one chunk's runs opens that chunk's trajectories file, not the sweep's."""
+    import pyarrow.dataset as ds
+    from phasesweep.storage import _catalog
+
+    opened = []
+    real = ds.dataset
+
+    def spy(paths, *args, **kwargs):
+        opened.append(list(paths))
+        return real(paths, *args, **kwargs)
+
+    monkeypatch.setattr(_catalog.ds, "dataset", spy)
+    batches = list(run_batches(messy_store, "s", [], ["step"], 1))
+    assert len(batches) == 22 and len(opened) == 22
+    assert all(len(paths) == 1 for paths in opened)
+
+
+def test_run_batches_of_an_empty_or_unknown_sweep(tmp_path):
+    store = Store.open(str(tmp_path))
+    assert list(run_batches(store, "nothing", ["status"], ["time"], 10)) == []
+    with pytest.raises(ValueError, match="batch_runs"):
+        list(run_batches(store, "nothing", [], [], 0))
+
+
+def test_analysis_writer_streams_and_replaces_atomically(tmp_path, store_make_table, monkeypatch):
+    import pyarrow.parquet as pq
+    from phasesweep.storage import _writer
+
+    store = Store.open(str(tmp_path))
+    folder = tmp_path / "plateaus" / "sweep=s"
+
+    def stored() -> pa.Table:
+        return open_catalog(store).sql("SELECT * EXCLUDE (sweep) FROM plateaus").to_arrow_table()
+
+    parts = [store_make_table(schema.PLATEAUS, n, seed=n) for n in (3, 0, 5, 4)]
+    want = schema.to_table("plateaus", pa.concat_tables(parts))
+    monkeypatch.setattr(_writer, "STREAM_ROW_GROUP", 4)  # row groups of >= 4 rows
+    with store.analysis_writer("s", "plateaus") as write:
+        for p in parts:
+            write(p)
+        assert stored().num_rows == 0  # nothing visible before the block ends
+    assert stored().equals(want)
+    assert pq.read_metadata(folder / "data.parquet").num_row_groups == 2  # 3+0+5, then 4
+
+    # an error inside the block: the old partition stays, no file is left behind
+    with pytest.raises(RuntimeError, match="half-way"), store.analysis_writer("s", "plateaus") as w:
+        w(parts[2])
+        raise RuntimeError("half-way")
+    assert os.listdir(folder) == ["data.parquet"] and stored().equals(want)
+    # so does a table that does not fit the schema
+    with pytest.raises(ValueError, match="plateaus"), store.analysis_writer("s", "plateaus") as w:
+        w(parts[2])
+        w(pa.table({"nonsense": [1]}))
+    assert os.listdir(folder) == ["data.parquet"] and stored().equals(want)
+    # write_analysis is the one-table case
+    store.write_analysis("s", "plateaus", parts[3])
+    assert stored().equals(schema.to_table("plateaus", parts[3]))
