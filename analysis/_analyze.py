@@ -2,10 +2,17 @@
 
 The core, :func:`analyze_frames`, is pure: pandas frames of ``runs`` and
 ``trajectories`` in, Arrow tables of ``summaries``, ``plateaus`` and
-``scaling_fits`` out. :func:`analyze` reads a sweep through the DuckDB catalog,
-takes the thresholds from the sweep's stored spec (``analysis:``; defaults if
-there is none), and replaces the sweep's partitions of the three tables, so it
-can be rerun at any time (e.g. with other thresholds) and gives the same rows.
+``scaling_fits`` out. :func:`analyze` takes the thresholds from the sweep's stored
+spec (``analysis:``; defaults if there is none) and replaces the sweep's partitions
+of the three tables, so it can be rerun at any time (e.g. with other thresholds)
+and gives the same rows.
+
+:func:`analyze` streams: it reads the runs a batch at a time with their trajectories
+(``storage._catalog.run_batches``, as the catalog views show them), writes each
+batch's ``summaries`` and ``plateaus`` rows as they come, and keeps of every run only
+the few numbers the scaling fits need, so its memory does not grow with the trajectories
+of the sweep. Each run's numbers depend on its own rows only: the rows are those of
+:func:`analyze_frames` of the whole sweep (in batch order).
 
 The regime rule reads each run at its last logged point, or, with
 ``analysis.at_time``, at that common gradient-flow time (linear in log t between
@@ -41,6 +48,10 @@ from phasesweep.storage.schema import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Runs :func:`analyze` reads and analyzes at once: its memory holds about this many runs'
+#: trajectories (rows x ~12 columns x 8 bytes, with the pandas frames of the batch).
+BATCH_RUNS = 8192
 
 RUN_COLUMNS = [
     "run_id",
@@ -83,13 +94,12 @@ def fit_group_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
 
 
 def compute_summaries(
-    runs: pd.DataFrame, traj: pd.DataFrame, cfg: AnalysisConfig
+    runs: pd.DataFrame, s: ser.Series, cfg: AnalysisConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summaries, plateaus) frames, one summaries row per row of ``runs``."""
+    """(summaries, plateaus) frames, one summaries row per row of ``runs``; ``s``: their
+    trajectories (``TRAJECTORY_COLUMNS``; those missing are NULL), runs in the same order."""
     run_ids = runs["run_id"].to_numpy(dtype=object)
     status = runs["status"].to_numpy(dtype=object)
-    cols = [c for c in TRAJECTORY_COLUMNS if c in traj]
-    s = ser.from_frame(traj, cols, run_ids=run_ids)
     for c in TRAJECTORY_COLUMNS:
         if c not in s.values:
             s.values[c] = np.full(len(s.time), np.nan)
@@ -202,18 +212,20 @@ def fit_mask(df: pd.DataFrame, cfg: AnalysisConfig) -> pd.Series:
     return keep.fillna(False).astype(bool)
 
 
+#: The summaries columns the scaling fits read.
+FIT_SUMMARY_COLUMNS = ["regime", "escape_time", "n_plateaus"]
+
+
 def compute_fits(
-    runs: pd.DataFrame,
-    summaries: pd.DataFrame,
-    cfg: AnalysisConfig,
-    group_axes: Sequence[str] = (),
+    df: pd.DataFrame, cfg: AnalysisConfig, group_axes: Sequence[str] = ()
 ) -> pd.DataFrame:
     """Scaling fits of the escape times (see :mod:`analysis._scaling`).
 
-    Every group (depth and the other grid axes) of completed runs gets its rows,
-    with NULL slopes where too few escape times pass :func:`fit_mask`.
+    ``df``: runs (``status``, ``depth``, ``init_scale``, ``seed`` and ``group_axes``) with
+    their summaries' :data:`FIT_SUMMARY_COLUMNS`. Every group (depth and the other grid
+    axes) of completed runs gets its rows, with NULL slopes where too few escape times
+    pass :func:`fit_mask`.
     """
-    df = runs.merge(summaries[["run_id", "regime", "escape_time", "n_plateaus"]], on="run_id")
     keep = fit_mask(df, cfg)
     df = df[df["status"] == "completed"].copy()
     df["escape_time"] = df["escape_time"].where(keep[df.index], np.nan)
@@ -236,8 +248,10 @@ def analyze_frames(
     cfg = cfg or AnalysisConfig()
     if group_axes is None:
         group_axes = fit_group_axes(runs, None)
-    summaries, plateaus = compute_summaries(runs, traj, cfg)
-    fits = compute_fits(runs, summaries, cfg, group_axes)
+    s = ser.from_frame(traj, TRAJECTORY_COLUMNS, run_ids=runs["run_id"].to_numpy(dtype=object))
+    summaries, plateaus = compute_summaries(runs, s, cfg)
+    fit_input = runs.merge(summaries[["run_id", *FIT_SUMMARY_COLUMNS]], on="run_id")
+    fits = compute_fits(fit_input, cfg, group_axes)
     return {
         "summaries": to_table("summaries", summaries, len(summaries)),
         "plateaus": to_table("plateaus", plateaus, len(plateaus)),
@@ -246,33 +260,17 @@ def analyze_frames(
 
 
 def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, trajectories) of a sweep from a catalog connection."""
+    """(runs, trajectories) of a whole sweep from a catalog connection, as pandas frames
+    (for :func:`analyze_frames`; :func:`analyze` reads a batch at a time)."""
     runs = con.execute(
         f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE sweep = ? ORDER BY run_id", [sweep]
     ).df()
     traj = con.execute(
-        f"SELECT run_id, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
-        "WHERE sweep = ? ORDER BY run_id, time",
+        f"SELECT run_id, step, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
+        "WHERE sweep = ? ORDER BY run_id, time, step",
         [sweep],
     ).df()
     return runs, traj
-
-
-def analyze_catalog(con, sweep: str, spec: StoredSweep | None = None) -> dict[str, pa.Table]:
-    """The analysis tables of ``sweep`` read through a catalog connection ``con``; logs a
-    warning when ``analysis.at_time`` lies beyond some completed runs (:func:`unreached`)."""
-    runs, traj = read_inputs(con, sweep)
-    cfg = spec.analysis if spec is not None else AnalysisConfig()
-    tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
-    summaries = tables["summaries"]
-    warning = unreached(
-        cfg.at_time,
-        runs["status"].to_numpy(dtype=object),
-        summaries.column("final_time").to_numpy(zero_copy_only=False),
-    )
-    if warning:
-        log.warning("sweep %s: %s", sweep, warning)
-    return tables
 
 
 def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
@@ -306,23 +304,52 @@ def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray)
     return line
 
 
-def analyze(store, sweep: str) -> dict[str, int]:
+#: What :func:`analyze` keeps of every run for the scaling fits (with FIT_SUMMARY_COLUMNS).
+_FIT_INPUT = ["run_id", "status", "depth", "init_scale", "seed", *FIT_GROUP_COLUMNS]
+
+
+def analyze(store, sweep: str, *, batch_runs: int = BATCH_RUNS) -> dict[str, int]:
     """Compute and store ``summaries``, ``plateaus`` and ``scaling_fits`` of ``sweep``.
 
-    ``store`` is a ``storage.Store`` or a URI. Each table's partition for the
-    sweep is replaced whole. Returns the number of rows written per table.
+    ``store`` is a ``storage.Store`` or a URI. Each table's partition for the sweep is
+    replaced whole, once every run is analyzed (an error leaves the old ones). The runs
+    are analyzed ``batch_runs`` at a time (see the module docstring). Returns the number
+    of rows written per table.
     """
-    from phasesweep.storage import Store, open_catalog
+    from phasesweep.storage._catalog import run_batches
+    from phasesweep.storage._store import as_store
 
-    store = store if isinstance(store, Store) else Store.open(store)
-    con = open_catalog(store)
-    try:
-        tables = analyze_catalog(con, sweep, stored_sweep(store.read_spec(sweep), sweep))
-    finally:
-        con.close()
-    for name, table in tables.items():
-        store.write_analysis(sweep, name, table)
-    return {name: table.num_rows for name, table in tables.items()}
+    store = as_store(store)
+    spec = stored_sweep(store.read_spec(sweep), sweep)
+    cfg = spec.analysis if spec is not None else AnalysisConfig()
+    counts = {"summaries": 0, "plateaus": 0}
+    kept: list[pd.DataFrame] = []
+    batches = run_batches(
+        store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
+    )
+    with (
+        store.analysis_writer(sweep, "summaries") as write_summaries,
+        store.analysis_writer(sweep, "plateaus") as write_plateaus,
+    ):
+        for runs_rows, traj_rows in batches:
+            runs = runs_rows.select(RUN_COLUMNS).to_pandas()
+            s = ser.from_arrow(traj_rows, TRAJECTORY_COLUMNS, runs["run_id"].to_numpy(object))
+            summaries, plateaus = compute_summaries(runs, s, cfg)
+            write_summaries(to_table("summaries", summaries, len(summaries)))
+            write_plateaus(to_table("plateaus", plateaus, len(plateaus)))
+            counts["summaries"] += len(summaries)
+            counts["plateaus"] += len(plateaus)
+            kept.append(runs[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS]))
+        # in run_id order, as analyze_frames fits them (the slopes' round-off depends on it)
+        every = (
+            pd.concat(kept, ignore_index=True)
+            if kept
+            else pd.DataFrame(columns=[*_FIT_INPUT, *FIT_SUMMARY_COLUMNS])
+        )
+        every = every.sort_values("run_id", ignore_index=True)
+        fits = compute_fits(every, cfg, fit_group_axes(every, spec))
+    store.write_analysis(sweep, "scaling_fits", to_table("scaling_fits", fits, len(fits)))
+    return {**counts, "scaling_fits": len(fits)}
 
 
 def _col(df: pd.DataFrame, name: str) -> np.ndarray:

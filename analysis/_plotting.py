@@ -167,7 +167,7 @@ def default_out_dir(store, sweep: str) -> Path:
 def open_sweep(store, sweep: str) -> Iterator[Context]:
     """The sweep's :class:`Context` over one catalog connection, analyzing it first if it has
     no summaries yet (the connection is then reopened once, to see the new tables)."""
-    from phasesweep.analysis._analyze import analyze_catalog
+    from phasesweep.analysis._analyze import analyze
     from phasesweep.storage import open_catalog
 
     text = store.read_spec(sweep)
@@ -176,9 +176,8 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
     try:
         n = con.execute("SELECT count(*) FROM summaries WHERE sweep = ?", [sweep]).fetchone()[0]
         if n == 0:
-            for name, table in analyze_catalog(con, sweep, spec).items():
-                store.write_analysis(sweep, name, table)
             con.close()
+            analyze(store, sweep)
             con = open_catalog(store)
         ctx = context(con, sweep, spec)
         ctx.spec_text = text

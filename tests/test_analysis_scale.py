@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from phasesweep.storage import Store, compact, open_catalog, schema
 from phasesweep.storage._catalog import run_batches
@@ -169,3 +171,123 @@ def test_analysis_writer_streams_and_replaces_atomically(tmp_path, store_make_ta
     # write_analysis is the one-table case
     store.write_analysis("s", "plateaus", parts[3])
     assert stored().equals(schema.to_table("plateaus", parts[3]))
+
+
+# --------------------------------------------------------------------------- analyze
+
+
+_ORDER = {
+    "summaries": ["run_id"],
+    "plateaus": ["run_id", "plateau_index"],
+    "scaling_fits": ["depth", "x", "width", "activation", "noise_sigma", "lr"],
+}
+
+
+def _stored(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
+    con = open_catalog(store)
+    return {
+        name: con.sql(f"SELECT * EXCLUDE (sweep) FROM {name} WHERE sweep = ?", params=[sweep])
+        .to_arrow_table()
+        .to_pandas()
+        .sort_values(order, ignore_index=True)
+        for name, order in _ORDER.items()
+    }
+
+
+def _whole_sweep(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
+    """The analysis of the whole sweep at once, read through the catalog views."""
+    from phasesweep.analysis._analyze import analyze_frames, fit_group_axes, read_inputs
+    from phasesweep.analysis.config import stored_sweep
+
+    spec = stored_sweep(store.read_spec(sweep), sweep)
+    runs, traj = read_inputs(open_catalog(store), sweep)
+    cfg = spec.analysis if spec is not None else None
+    tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
+    return {
+        name: tables[name].to_pandas().sort_values(order, ignore_index=True)
+        for name, order in _ORDER.items()
+    }
+
+
+def _check_batched_equals_whole(store: Store, sweep: str, batch_sizes) -> dict[str, pd.DataFrame]:
+    from phasesweep.analysis import analyze
+
+    want = _whole_sweep(store, sweep)
+    assert len(want["summaries"]) and len(want["scaling_fits"])
+    for batch_runs in batch_sizes:
+        counts = analyze(store, sweep, batch_runs=batch_runs)
+        got = _stored(store, sweep)
+        assert counts == {name: len(frame) for name, frame in want.items()}
+        for name in _ORDER:
+            pd.testing.assert_frame_equal(got[name], want[name], check_exact=True, obj=name)
+    return want
+
+
+def test_batched_analysis_equals_the_whole_sweep(tmp_path):
+    """The closed-form sweep (failed, diverged and not converged runs among them), stored
+    as chunks of uneven sizes, analyzed in batches of 1, 7 and all runs."""
+    import yaml
+    from phasesweep.analysis._calibration import synthetic_sweep
+
+    alphas = tuple(np.logspace(-4, 0, 9))
+    tables = synthetic_sweep(
+        init_scales=alphas,
+        widths=(16, 256),
+        depths=(2, 3),
+        seeds=(0, 1, 2),
+        steps=10**5,
+        diverge=lambda a, w: a >= 1.0 and w >= 256,
+        fail_first=True,
+    )
+    store = Store.open(str(tmp_path))
+    ids = tables["runs"]["run_id"].to_pylist()
+    for k, (lo, hi) in enumerate([(0, 5), (5, 40), (40, 41), (41, len(ids))]):
+        keep = pa.array(ids[lo:hi])
+        chunk = {n: t.filter(pc.is_in(t["run_id"], keep)) for n, t in tables.items()}
+        store.write_chunk("synth", f"c{k}", chunk)
+    spec = {
+        "name": "synth",
+        "analysis": {"fit_init_scale_max": 0.1, "extra_escape_eps": [0.3], "at_time": 50.0},
+        "grid": {"init_scale": list(map(float, alphas)), "width": [16, 256], "depth": [2, 3]},
+    }
+    store.write_spec("synth", yaml.safe_dump(spec))
+    want = _check_batched_equals_whole(store, "synth", [1, 7, 10_000])
+    s = want["summaries"]
+    assert set(s["regime"].dropna()) == {"rich", "not_converged", "diverged"}
+    assert s["regime"].isna().sum() == 1  # the failed run
+    assert want["scaling_fits"]["slope"].notna().any() and len(want["plateaus"]) > 0
+
+
+def test_batched_analysis_of_a_trained_sweep(tmp_path):
+    """A sweep trained by the pipeline, one store file per chunk of 4 points."""
+    import yaml
+    from phasesweep.pipeline._driver import train_and_store
+    from phasesweep.pipeline._grid import expand, make_chunks
+    from phasesweep.pipeline.spec import validate_spec
+
+    raw = {
+        "name": "trained",
+        "model": {"depth": 2, "width": 8, "init": "antisymmetric"},
+        "data": {"n_train": 8, "n_test": 8, "input_dim": 3, "seed": 0},
+        "train": {"steps": 300, "log_points": 30, "lr": 0.5},
+        "metrics": {"probe_size": 4},
+        "execution": {"max_chunk_size": 4},
+        "grid": {"init_scale": [0.01, 0.1, 1.0, 3.0], "width": [8, 32], "seed": [0, 1]},
+    }
+    spec = validate_spec(raw)
+    store = Store.open(str(tmp_path))
+    store.write_spec("trained", yaml.safe_dump(raw))
+    for chunk in make_chunks(expand(spec), spec):
+        train_and_store(store.uri, "trained", chunk, "cpu")
+    assert len(store.files("trajectories", "trained")) >= 4
+    _check_batched_equals_whole(store, "trained", [1, 3, 100])
+
+
+def test_batched_analysis_of_a_scale_sweep(tmp_path):
+    from phasesweep.analysis._calibration import write_scale_sweep
+
+    store = Store.open(str(tmp_path))
+    n = write_scale_sweep(store, "scale", 1, runs_per_file=40, steps=400, log_points=40)
+    assert len(store.files("trajectories", "scale")) == 8 * -(-16 // 40)
+    want = _check_batched_equals_whole(store, "scale", [9])
+    assert len(want["summaries"]) == n == 128
