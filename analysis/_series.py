@@ -95,10 +95,14 @@ def _pack(run_ids: np.ndarray, codes: np.ndarray, columns: dict[str, np.ndarray]
     """The :class:`Series` of rows whose run is ``run_ids[codes]`` (-1: left out), sorted by
     run, time and ``step`` (if given; else ties keep their order)."""
     keep = np.flatnonzero(codes >= 0)
-    keys = [columns["time"][keep], codes[keep]]
-    if "step" in columns:
-        keys.insert(0, columns["step"][keep])
-    order = keep[np.lexsort(keys)]
+    order = keep[np.argsort(codes[keep], kind="stable")]
+    time = columns["time"][order]
+    same_run = codes[order][1:] == codes[order][:-1]
+    if not (time[1:] > time[:-1])[same_run].all():  # else already sorted (as a run logs)
+        keys = [columns["time"][keep], codes[keep]]
+        if "step" in columns:
+            keys.insert(0, columns["step"][keep])
+        order = keep[np.lexsort(keys)]
     counts = np.bincount(codes[order], minlength=len(run_ids)).astype(np.int64)
     ends = np.cumsum(counts)
     return Series(

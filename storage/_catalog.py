@@ -309,23 +309,44 @@ class _TrajectoryFiles:
 
     def rows(self, keys: pa.Table, columns: list[str]) -> pa.Table:
         """The rows (``columns``) whose ``(run_id, attempt)`` is a row of ``keys``."""
-        target = schema.TRAJECTORIES
-        attempts = pc.unique(keys["attempt"]).to_pylist()
-        lo, hi = pc.min(keys["run_id"]).as_py(), pc.max(keys["run_id"]).as_py()
-        a_lo, a_hi = min(attempts), max(attempts)
-        candidates = [f for a in attempts for f in self.by_attempt.get(a, [])]
-        candidates += [f for f in self.mixed if _overlaps(f.attempt, a_lo, a_hi)]
-        paths = [f.path for f in candidates if _overlaps(f.run_id, lo, hi)]
-        if not paths:
-            return target.empty_table().select(columns)
+        parts = []
+        # a file of one attempt holds only that attempt's rows: those of its runs are wanted
+        by_attempt = keys.group_by("attempt").aggregate([("run_id", "list")]).to_pydict()
+        for attempt, run_ids in zip(by_attempt["attempt"], by_attempt["run_id_list"], strict=True):
+            lo, hi = min(run_ids), max(run_ids)
+            files = [f for f in self.by_attempt.get(attempt, []) if _overlaps(f.run_id, lo, hi)]
+            parts.append(self._read(files, columns, run_ids))
+        # a file of several attempts: the rows of the pairs asked for
+        attempts, run_ids = keys["attempt"], keys["run_id"]
+        lo, hi = pc.min(run_ids).as_py(), pc.max(run_ids).as_py()
+        a_lo, a_hi = pc.min(attempts).as_py(), pc.max(attempts).as_py()
+        mixed = [
+            f
+            for f in self.mixed
+            if _overlaps(f.attempt, a_lo, a_hi) and _overlaps(f.run_id, lo, hi)
+        ]
+        if mixed:
+            rows = self._read(mixed, columns, run_ids)
+            parts.append(rows.join(keys, ["run_id", "attempt"], join_type="left semi"))
+        empty = schema.TRAJECTORIES.empty_table()
+        return pa.concat_tables([empty.select(columns), *(p.select(columns) for p in parts)])
+
+    def _read(self, files: list[_FileRange], columns: list[str], run_ids) -> pa.Table:
+        """The rows of ``run_ids`` in ``files`` (``columns``; only the row groups whose
+        run_id range holds some of them are read)."""
+        if not files:
+            return schema.TRAJECTORIES.empty_table().select(columns)
         run_id = ds.field("run_id")
-        rows = ds.dataset(
-            paths, schema=target, format="parquet", filesystem=self.store.arrow_fs
-        ).to_table(
-            columns=columns,
-            filter=(run_id >= lo) & (run_id <= hi) & run_id.isin(keys["run_id"]),
+        lo, hi = pc.min(run_ids).as_py(), pc.max(run_ids).as_py()
+        dataset = ds.dataset(
+            [f.path for f in files],
+            schema=schema.TRAJECTORIES,
+            format="parquet",
+            filesystem=self.store.arrow_fs,
         )
-        return rows.join(keys, ["run_id", "attempt"], join_type="left semi").select(columns)
+        return dataset.to_table(
+            columns=columns, filter=(run_id >= lo) & (run_id <= hi) & run_id.isin(run_ids)
+        )
 
 
 def _min_max(meta: pq.FileMetaData, column: str) -> tuple[str, str] | None:

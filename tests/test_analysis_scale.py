@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from phasesweep.storage import Store, compact, open_catalog, schema
 from phasesweep.storage._catalog import run_batches
@@ -32,7 +33,7 @@ def _set(table: pa.Table, column: str, values) -> pa.Table:
 def messy_store(tmp_path, store_make_chunk):
     """A store whose views must choose: several chunks, a run committed twice (the earlier
     commit shows), failed runs with trajectory rows retried by a later attempt, an attempt
-    that died before its commit, and another sweep."""
+    that died before its commit, a file of two attempts, and another sweep."""
     store = Store.open(str(tmp_path / "store"))
     for c in range(4):
         ids = [f"r{c}{i}" for i in range(5)]
@@ -48,6 +49,12 @@ def messy_store(tmp_path, store_make_chunk):
     orphan = schema.to_table("trajectories", _set(dead["trajectories"], "attempt", ["dead"] * 8))
     store.put(f"{store.table_dir('trajectories')}/sweep=s/part-c2-dead.parquet", _parquet(orphan))
     store.write_chunk("t", "c0", store_make_chunk(["r00", "t1"], steps=4, seed=11))
+    # one file holding the trajectories of two committed attempts (c1 and c3)
+    paths = [p for p in store.files("trajectories", "s") if "-c1-" in p or "-c3-" in p]
+    merged = pa.concat_tables([pq.read_table(p) for p in paths])
+    store.put(f"{store.table_dir('trajectories')}/sweep=s/part-merged-x.parquet", _parquet(merged))
+    for p in paths:
+        os.remove(p)
     return store
 
 
@@ -114,7 +121,8 @@ def test_run_batches_of_a_compacted_store(messy_store, store_make_chunk):
 
 
 def test_run_batches_read_only_the_files_of_their_attempts(messy_store, monkeypatch):
-    """A batch of one chunk's runs opens that chunk's trajectories file, not the sweep's."""
+    """A batch of one run opens its attempt's trajectories file, not the sweep's (and the
+    file of two attempts where its attempt may be in it)."""
     import pyarrow.dataset as ds
     from phasesweep.storage import _catalog
 
@@ -122,13 +130,20 @@ def test_run_batches_read_only_the_files_of_their_attempts(messy_store, monkeypa
     real = ds.dataset
 
     def spy(paths, *args, **kwargs):
-        opened.append(list(paths))
+        opened.extend(os.path.basename(p) for p in paths)
         return real(paths, *args, **kwargs)
 
     monkeypatch.setattr(_catalog.ds, "dataset", spy)
-    batches = list(run_batches(messy_store, "s", [], ["step"], 1))
-    assert len(batches) == 22 and len(opened) == 22
-    assert all(len(paths) == 1 for paths in opened)
+    merged_runs = 0
+    for runs, traj in run_batches(messy_store, "s", [], ["step"], 1):
+        (attempt,) = runs["attempt"].to_pylist()
+        own = [p for p in opened if p != "part-merged-x.parquet"]
+        if "part-merged-x.parquet" in opened and len(traj) and not own:
+            merged_runs += 1
+        else:
+            assert own == [next(p for p in own if attempt in p)]
+        opened.clear()
+    assert merged_runs == 9  # the runs of c1 and c3 but r11, shown from its earlier commit
 
 
 def test_run_batches_of_an_empty_or_unknown_sweep(tmp_path):
@@ -139,7 +154,6 @@ def test_run_batches_of_an_empty_or_unknown_sweep(tmp_path):
 
 
 def test_analysis_writer_streams_and_replaces_atomically(tmp_path, store_make_table, monkeypatch):
-    import pyarrow.parquet as pq
     from phasesweep.storage import _writer
 
     store = Store.open(str(tmp_path))
