@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from phasesweep.storage import schema
@@ -265,8 +264,8 @@ def run_batches(
         ).to_arrow_table()
     finally:
         con.close()
-    index = _TrajectoryFiles(store, files["trajectories"])
-    wanted = list(dict.fromkeys(["run_id", "attempt", *trajectory_columns]))
+    index = ChunkFiles(store, "trajectories", files["trajectories"])
+    wanted = ["run_id", *trajectory_columns]
     for start in range(0, runs.num_rows, batch_runs):
         batch = runs.slice(start, batch_runs)
         yield batch, index.rows(batch.select(["run_id", "attempt"]), wanted)
@@ -281,14 +280,18 @@ class _FileRange:
     run_id: tuple[str, str] | None
 
 
-class _TrajectoryFiles:
-    """The ``trajectories`` files of a snapshot, found by the attempts and runs they hold."""
+class ChunkFiles:
+    """The files of a chunk table (``trajectories``, ``layers``), found by the attempts and
+    runs they may hold, from their footers' statistics: a launch writes one file per chunk
+    attempt, a compaction files of one attempt each holding a range of run ids. Reads the
+    rows of given runs without scanning the table (:meth:`rows`)."""
 
     #: footers read at once from an object store
     THREADS = 16
 
-    def __init__(self, store: Store, paths: Sequence[str]):
+    def __init__(self, store: Store, table: str, paths: Sequence[str]):
         self.store = store
+        self.schema = schema.CHUNK_TABLES[table]
         workers = 1 if store.is_local else self.THREADS
         with ThreadPoolExecutor(workers) as pool:
             ranges = [f for f in pool.map(self._range, paths) if f is not None]
@@ -307,46 +310,35 @@ class _TrajectoryFiles:
             return None
         return _FileRange(path, _min_max(meta, "attempt"), _min_max(meta, "run_id"))
 
-    def rows(self, keys: pa.Table, columns: list[str]) -> pa.Table:
-        """The rows (``columns``) whose ``(run_id, attempt)`` is a row of ``keys``."""
-        parts = []
-        # a file of one attempt holds only that attempt's rows: those of its runs are wanted
+    def rows(self, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
+        """The rows (``columns``, in no particular order) whose ``(run_id, attempt)`` is a
+        row of ``keys``: per attempt, the rows of its runs in the files that may hold them,
+        of which only the row groups whose statistics may hold them are read."""
+        columns = list(columns)
+        parts = [self.schema.empty_table().select(columns)]
         by_attempt = keys.group_by("attempt").aggregate([("run_id", "list")]).to_pydict()
         for attempt, run_ids in zip(by_attempt["attempt"], by_attempt["run_id_list"], strict=True):
             lo, hi = min(run_ids), max(run_ids)
-            files = [f for f in self.by_attempt.get(attempt, []) if _overlaps(f.run_id, lo, hi)]
-            parts.append(self._read(files, columns, run_ids))
-        # a file of several attempts: the rows of the pairs asked for
-        attempts, run_ids = keys["attempt"], keys["run_id"]
-        lo, hi = pc.min(run_ids).as_py(), pc.max(run_ids).as_py()
-        a_lo, a_hi = pc.min(attempts).as_py(), pc.max(attempts).as_py()
-        mixed = [
-            f
-            for f in self.mixed
-            if _overlaps(f.attempt, a_lo, a_hi) and _overlaps(f.run_id, lo, hi)
-        ]
-        if mixed:
-            rows = self._read(mixed, columns, run_ids)
-            parts.append(rows.join(keys, ["run_id", "attempt"], join_type="left semi"))
-        empty = schema.TRAJECTORIES.empty_table()
-        return pa.concat_tables([empty.select(columns), *(p.select(columns) for p in parts)])
-
-    def _read(self, files: list[_FileRange], columns: list[str], run_ids) -> pa.Table:
-        """The rows of ``run_ids`` in ``files`` (``columns``; only the row groups whose
-        run_id range holds some of them are read)."""
-        if not files:
-            return schema.TRAJECTORIES.empty_table().select(columns)
-        run_id = ds.field("run_id")
-        lo, hi = pc.min(run_ids).as_py(), pc.max(run_ids).as_py()
-        dataset = ds.dataset(
-            [f.path for f in files],
-            schema=schema.TRAJECTORIES,
-            format="parquet",
-            filesystem=self.store.arrow_fs,
-        )
-        return dataset.to_table(
-            columns=columns, filter=(run_id >= lo) & (run_id <= hi) & run_id.isin(run_ids)
-        )
+            files = self.by_attempt.get(attempt, []) + [
+                f for f in self.mixed if _overlaps(f.attempt, attempt, attempt)
+            ]
+            paths = [f.path for f in files if _overlaps(f.run_id, lo, hi)]
+            if not paths:
+                continue
+            run_id = ds.field("run_id")
+            dataset = ds.dataset(
+                paths, schema=self.schema, format="parquet", filesystem=self.store.arrow_fs
+            )
+            parts.append(
+                dataset.to_table(
+                    columns=columns,
+                    filter=(ds.field("attempt") == attempt)
+                    & (run_id >= lo)
+                    & (run_id <= hi)
+                    & run_id.isin(run_ids),
+                )
+            )
+        return pa.concat_tables(parts)
 
 
 def _min_max(meta: pq.FileMetaData, column: str) -> tuple[str, str] | None:

@@ -71,7 +71,7 @@ def _views(store: Store, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         params=[sweep],
     ).df()
     traj = con.sql(
-        "SELECT run_id, attempt, step, train_loss FROM trajectories WHERE sweep = ? "
+        "SELECT run_id, step, train_loss FROM trajectories WHERE sweep = ? "
         "ORDER BY run_id, step",
         params=[sweep],
     ).df()
@@ -90,7 +90,7 @@ def _batched(store: Store, sweep: str, batch_runs: int):
     return (
         batches,
         runs.sort_values("run_id", ignore_index=True),
-        traj[["run_id", "attempt", "step", "train_loss"]].sort_values(
+        traj[["run_id", "step", "train_loss"]].sort_values(
             ["run_id", "step"], ignore_index=True
         ),
     )
