@@ -30,8 +30,9 @@ from phasesweep.analysis._phase import AXES
 from phasesweep.analysis._style import save
 from phasesweep.analysis.config import PlotSpec, StoredSweep, stored_sweep
 from phasesweep.analysis.figures import Context, Unavailable
-from phasesweep.analysis.figures._kind import Y_PREFERENCE
+from phasesweep.analysis.figures._kind import Y_PREFERENCE, Levels
 from phasesweep.storage import sql_condition
+from phasesweep.storage._catalog import sql_string
 from phasesweep.storage._store import as_store
 
 from phasesweep._config import SpecError
@@ -39,23 +40,33 @@ from phasesweep._config import SpecError
 log = logging.getLogger(__name__)
 
 
-def swept_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
-    """The runs columns the sweep varies (not seed), in grid order when a spec is known."""
+def swept_axes(levels: dict[str, Levels] | pd.DataFrame, spec: StoredSweep | None) -> list[str]:
+    """The runs columns the sweep varies (not seed), in grid order when a spec is known;
+    ``levels``: their :class:`Levels` (or a frame of the runs)."""
+    if isinstance(levels, pd.DataFrame):
+        varies = [a for a in levels if levels[a].nunique(dropna=True) > 1]
+    else:
+        varies = [a for a, level in levels.items() if level.count > 1]
     if spec is not None:
-        axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in runs]
-        axes = [a for a in axes if runs[a].nunique(dropna=True) > 1]
+        axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in varies]
         if axes:
             return axes
-    cands = ["init_scale", *Y_PREFERENCE]
-    return [a for a in cands if a in runs and runs[a].nunique(dropna=True) > 1]
+    return [a for a in ["init_scale", *Y_PREFERENCE] if a in varies]
 
 
-def context(con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None) -> Context:
-    """The sweep as the figures see it (its runs read once); ``ValueError`` if it has none."""
-    runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [sweep]).df()
-    if runs.empty:
+def context(
+    con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None, store=None
+) -> Context:
+    """The sweep as the figures see it (one aggregate over its runs: each axis's values);
+    ``ValueError`` if it has none. ``store``: the ``storage.Store`` ``con`` reads, if any."""
+    have = set(con.sql("SELECT * FROM runs LIMIT 0").columns)
+    cols = [a for a in AXES if a in have]
+    stats = ", ".join(f"count(DISTINCT {a}), min({a}), max({a})" for a in cols)
+    row = con.execute(f"SELECT count(*), {stats} FROM runs WHERE sweep = ?", [sweep]).fetchone()
+    if not row[0]:
         raise ValueError(f"sweep {sweep!r} has no runs in the store")
-    return Context(con, sweep, spec, runs, swept_axes(runs, spec))
+    levels = {a: Levels(*row[1 + 3 * i : 4 + 3 * i]) for i, a in enumerate(cols)}
+    return Context(con, sweep, spec, levels, swept_axes(levels, spec), store=store)
 
 
 def default_plots(ctx: Context) -> list[PlotSpec]:
@@ -79,9 +90,9 @@ def check(p: PlotSpec, index: int, ctx: Context | None = None) -> None:
         except ValueError as e:
             raise SpecError(f"{key}.where", p.where, str(e)) from None
     if p.where and ctx is not None:
-        try:
-            ctx.con.execute(
-                f"SELECT count(*) FROM runs WHERE sweep = ? AND ({p.where})", [ctx.sweep]
+        try:  # bound, not run: a relation is built lazily, a bad name fails here
+            ctx.con.sql(
+                f"SELECT run_id FROM runs WHERE sweep = {sql_string(ctx.sweep)} AND ({p.where})"
             )
         except duckdb.Error as e:
             raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
@@ -179,7 +190,7 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
             con.close()
             analyze(store, sweep)
             con = open_catalog(store)
-        ctx = context(con, sweep, spec)
+        ctx = context(con, sweep, spec, store)
         ctx.spec_text = text
         yield ctx
     finally:
