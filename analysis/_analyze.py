@@ -22,12 +22,15 @@ the logged points around it; NULL for runs that stopped before it): the
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from phasesweep.analysis import _series as ser
 from phasesweep.analysis._escape import escape_times
 from phasesweep.analysis._plateaus import plateau_frame
@@ -44,6 +47,8 @@ from phasesweep.storage.schema import (
     ESCAPE_COLUMNS,
     ESCAPE_EPS,
     FIT_GROUP_COLUMNS,
+    RUNS,
+    SUMMARIES,
     to_table,
 )
 
@@ -51,7 +56,7 @@ log = logging.getLogger(__name__)
 
 #: Runs :func:`analyze` reads and analyzes at once: its memory holds about this many runs'
 #: trajectories (rows x ~12 columns x 8 bytes, with the pandas frames of the batch).
-BATCH_RUNS = 8192
+BATCH_RUNS = 2048
 
 RUN_COLUMNS = [
     "run_id",
@@ -306,15 +311,21 @@ def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray)
 
 #: What :func:`analyze` keeps of every run for the scaling fits (with FIT_SUMMARY_COLUMNS).
 _FIT_INPUT = ["run_id", "status", "depth", "init_scale", "seed", *FIT_GROUP_COLUMNS]
+_FIT_SCHEMA = pa.schema(
+    [RUNS.field(c) for c in _FIT_INPUT] + [SUMMARIES.field(c) for c in FIT_SUMMARY_COLUMNS]
+)
 
 
-def analyze(store, sweep: str, *, batch_runs: int = BATCH_RUNS) -> dict[str, int]:
+def analyze(
+    store, sweep: str, *, batch_runs: int = BATCH_RUNS, workers: int | None = None
+) -> dict[str, int]:
     """Compute and store ``summaries``, ``plateaus`` and ``scaling_fits`` of ``sweep``.
 
     ``store`` is a ``storage.Store`` or a URI. Each table's partition for the sweep is
     replaced whole, once every run is analyzed (an error leaves the old ones). The runs
-    are analyzed ``batch_runs`` at a time (see the module docstring). Returns the number
-    of rows written per table.
+    are analyzed ``batch_runs`` at a time (see the module docstring), by ``workers``
+    processes besides this one, which reads and writes (default :func:`default_workers`;
+    a sweep of one batch is analyzed here). Returns the number of rows written per table.
     """
     from phasesweep.storage._catalog import run_batches
     from phasesweep.storage._store import as_store
@@ -323,7 +334,7 @@ def analyze(store, sweep: str, *, batch_runs: int = BATCH_RUNS) -> dict[str, int
     spec = stored_sweep(store.read_spec(sweep), sweep)
     cfg = spec.analysis if spec is not None else AnalysisConfig()
     counts = {"summaries": 0, "plateaus": 0}
-    kept: list[pd.DataFrame] = []
+    kept: list[pa.Table] = []
     batches = run_batches(
         store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
     )
@@ -331,25 +342,59 @@ def analyze(store, sweep: str, *, batch_runs: int = BATCH_RUNS) -> dict[str, int
         store.analysis_writer(sweep, "summaries") as write_summaries,
         store.analysis_writer(sweep, "plateaus") as write_plateaus,
     ):
-        for runs_rows, traj_rows in batches:
-            runs = runs_rows.select(RUN_COLUMNS).to_pandas()
-            s = ser.from_arrow(traj_rows, TRAJECTORY_COLUMNS, runs["run_id"].to_numpy(object))
-            summaries, plateaus = compute_summaries(runs, s, cfg)
-            write_summaries(to_table("summaries", summaries, len(summaries)))
-            write_plateaus(to_table("plateaus", plateaus, len(plateaus)))
-            counts["summaries"] += len(summaries)
-            counts["plateaus"] += len(plateaus)
-            kept.append(runs[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS]))
+        for summaries, plateaus, fit_input in _summarized(batches, cfg, workers):
+            write_summaries(summaries)
+            write_plateaus(plateaus)
+            counts["summaries"] += summaries.num_rows
+            counts["plateaus"] += plateaus.num_rows
+            kept.append(fit_input)
         # in run_id order, as analyze_frames fits them (the slopes' round-off depends on it)
-        every = (
-            pd.concat(kept, ignore_index=True)
-            if kept
-            else pd.DataFrame(columns=[*_FIT_INPUT, *FIT_SUMMARY_COLUMNS])
-        )
-        every = every.sort_values("run_id", ignore_index=True)
+        every = pa.concat_tables(kept) if kept else None
+        if every is None:
+            every = pd.DataFrame(columns=[*_FIT_INPUT, *FIT_SUMMARY_COLUMNS])
+        else:
+            every = every.take(pc.sort_indices(every, [("run_id", "ascending")])).to_pandas()
         fits = compute_fits(every, cfg, fit_group_axes(every, spec))
     store.write_analysis(sweep, "scaling_fits", to_table("scaling_fits", fits, len(fits)))
     return {**counts, "scaling_fits": len(fits)}
+
+
+def default_workers() -> int:
+    """Processes :func:`analyze` spreads its batches over: two where the machine has two
+    cores or more (each holds about one batch: more would spend memory), else none."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 0
+
+
+def _summarized(batches, cfg: AnalysisConfig, workers: int | None):
+    """:func:`_summarize` of every ``(runs, trajectories)`` batch, in their order: here, or
+    by ``workers`` worker processes (:class:`analysis._workers.Workers`)."""
+    from phasesweep.analysis._workers import Workers
+
+    workers = default_workers() if workers is None else workers
+    batches = iter(batches)
+    first = list(itertools.islice(batches, 2))
+    calls = ((runs, traj, cfg) for runs, traj in itertools.chain(first, batches))
+    if workers < 1 or len(first) < 2:
+        yield from (_summarize(*call) for call in calls)
+        return
+    with Workers(workers) as pool:
+        yield from pool.map(_summarize, calls)
+
+
+def _summarize(
+    runs: pa.Table, traj: pa.Table, cfg: AnalysisConfig
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """One batch: its ``summaries`` and ``plateaus`` rows, and what the scaling fits keep
+    of its runs (``_FIT_INPUT`` and ``FIT_SUMMARY_COLUMNS``)."""
+    frame = runs.select(RUN_COLUMNS).to_pandas()
+    s = ser.from_arrow(traj, TRAJECTORY_COLUMNS, frame["run_id"].to_numpy(object))
+    summaries, plateaus = compute_summaries(frame, s, cfg)
+    fit_input = frame[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS])
+    return (
+        to_table("summaries", summaries, len(summaries)),
+        to_table("plateaus", plateaus, len(plateaus)),
+        pa.Table.from_pandas(fit_input, schema=_FIT_SCHEMA, preserve_index=False),
+    )
 
 
 def _col(df: pd.DataFrame, name: str) -> np.ndarray:

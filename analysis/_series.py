@@ -40,10 +40,13 @@ class Series:
         return np.repeat(np.arange(self.n_runs), self.lengths)
 
     def select(self, column: str) -> Series:
-        """Only the rows where ``column`` and ``time`` are finite (per-run slices recomputed)."""
+        """``column`` alone, on the rows where it and ``time`` are finite (per-run slices
+        recomputed)."""
         keep = np.isfinite(self.values[column]) & np.isfinite(self.time)
         if keep.all():
-            return self
+            return Series(
+                self.run_ids, self.starts, self.ends, self.time, {column: self.values[column]}
+            )
         counts = segment_sum(keep.astype(np.int64), self.starts, self.ends)
         ends = np.cumsum(counts)
         return Series(
@@ -51,7 +54,7 @@ class Series:
             starts=ends - counts,
             ends=ends,
             time=self.time[keep],
-            values={k: v[keep] for k, v in self.values.items()},
+            values={column: self.values[column][keep]},
         )
 
     def run(self, r: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:

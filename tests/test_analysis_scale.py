@@ -71,8 +71,7 @@ def _views(store: Store, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         params=[sweep],
     ).df()
     traj = con.sql(
-        "SELECT run_id, step, train_loss FROM trajectories WHERE sweep = ? "
-        "ORDER BY run_id, step",
+        "SELECT run_id, step, train_loss FROM trajectories WHERE sweep = ? ORDER BY run_id, step",
         params=[sweep],
     ).df()
     return runs, traj
@@ -90,9 +89,7 @@ def _batched(store: Store, sweep: str, batch_runs: int):
     return (
         batches,
         runs.sort_values("run_id", ignore_index=True),
-        traj[["run_id", "step", "train_loss"]].sort_values(
-            ["run_id", "step"], ignore_index=True
-        ),
+        traj[["run_id", "step", "train_loss"]].sort_values(["run_id", "step"], ignore_index=True),
     )
 
 
@@ -223,13 +220,15 @@ def _whole_sweep(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
     }
 
 
-def _check_batched_equals_whole(store: Store, sweep: str, batch_sizes) -> dict[str, pd.DataFrame]:
+def _check_batched_equals_whole(
+    store: Store, sweep: str, batch_sizes, workers: int = 0
+) -> dict[str, pd.DataFrame]:
     from phasesweep.analysis import analyze
 
     want = _whole_sweep(store, sweep)
     assert len(want["summaries"]) and len(want["scaling_fits"])
     for batch_runs in batch_sizes:
-        counts = analyze(store, sweep, batch_runs=batch_runs)
+        counts = analyze(store, sweep, batch_runs=batch_runs, workers=workers)
         got = _stored(store, sweep)
         assert counts == {name: len(frame) for name, frame in want.items()}
         for name in _ORDER:
@@ -265,7 +264,8 @@ def test_batched_analysis_equals_the_whole_sweep(tmp_path):
         "grid": {"init_scale": list(map(float, alphas)), "width": [16, 256], "depth": [2, 3]},
     }
     store.write_spec("synth", yaml.safe_dump(spec))
-    want = _check_batched_equals_whole(store, "synth", [1, 7, 10_000])
+    want = _check_batched_equals_whole(store, "synth", [1, 10_000])
+    _check_batched_equals_whole(store, "synth", [7], workers=2)  # batches in 2 processes
     s = want["summaries"]
     assert set(s["regime"].dropna()) == {"rich", "not_converged", "diverged"}
     assert s["regime"].isna().sum() == 1  # the failed run
@@ -305,3 +305,101 @@ def test_batched_analysis_of_a_scale_sweep(tmp_path):
     assert len(store.files("trajectories", "scale")) == 8 * -(-16 // 40)
     want = _check_batched_equals_whole(store, "scale", [9])
     assert len(want["summaries"]) == n == 128
+
+
+# --------------------------------------------------------------------------- plateaus
+
+
+def _curves(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Loss curves of every kind the detector meets: closed forms with 0-3 plateaus, noisy
+    ones, a lazy one, and the edge cases (short, unsorted with repeated and missing times,
+    non-positive or non-finite losses)."""
+    from phasesweep.analysis._calibration import (
+        lazy_loss,
+        logged_times,
+        two_layer_linear_loss,
+        xor_relu_loss,
+    )
+
+    t = logged_times(0.01, 20000, 80)
+    out = [
+        (t, two_layer_linear_loss(t, (4.0, 1.0, 0.25), u0)) for u0 in (1e-8, 1e-6, 1e-4, 1e-2, 1.0)
+    ]
+    out += [(t, xor_relu_loss(t)), (t, lazy_loss(t, [0.3, 0.01], [1.0, 0.2]))]
+    out += [
+        (t, two_layer_linear_loss(t, (2.0, 0.5), 1e-5) * (1 + 0.03 * rng.standard_normal(len(t))))
+        for _ in range(6)
+    ]
+    shuffled = rng.permutation(len(t))
+    loss = two_layer_linear_loss(t, (4.0, 1.0), 1e-6)
+    dup_t, dup_l = np.concatenate([t, t[::7]])[:], np.concatenate([loss, loss[::7] * 1.5])
+    holes = loss.copy()
+    holes[::9] = np.nan
+    holes[5] = np.inf
+    out += [
+        (t[shuffled], loss[shuffled]),
+        (dup_t, dup_l),
+        (t, holes),
+        (t[:2], loss[:2]),
+        (t[:3], loss[:3]),
+        (t, np.zeros(len(t))),
+        (t, -loss),
+        (np.array([]), np.array([])),
+    ]
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"contrast": 10.0, "min_drop": 0.3}])
+def test_plateaus_of_many_runs_at_once_are_each_runs_own(options):
+    """plateau_frame finds its candidates for all runs in one pass; every run gets exactly
+    what detect_plateaus finds on that run alone, wherever it sits among the others."""
+    from phasesweep.analysis import _series as ser
+    from phasesweep.analysis._plateaus import PLATEAU_COLUMNS, detect_plateaus, plateau_frame
+
+    rng = np.random.default_rng(3)
+    curves = _curves(rng)
+    order = rng.permutation(np.repeat(np.arange(len(curves)), 3))  # each curve 3 times
+    ids = np.array([f"r{k:03d}" for k in range(len(order))], dtype=object)
+    frame = pd.DataFrame(
+        {
+            "run_id": np.repeat(ids, [len(curves[c][0]) for c in order]),
+            "time": np.concatenate([curves[c][0] for c in order]),
+            "train_loss": np.concatenate([curves[c][1] for c in order]),
+        }
+    )
+    skip = np.zeros(len(ids), dtype=bool)
+    skip[::5] = True
+    got, counts = plateau_frame(
+        ser.from_frame(frame, ["train_loss"], run_ids=ids), skip=skip, **options
+    )
+    rows = []
+    for k, c in enumerate(order):
+        if skip[k]:
+            assert counts[k] == -1
+            continue
+        found = detect_plateaus(*curves[c], **options)
+        assert counts[k] == len(found)
+        rows += [
+            (ids[k], p.level, p.start, p.end, p.duration, i, p.drop_frac, p.contrast)
+            for i, p in enumerate(found)
+        ]
+    want = pd.DataFrame.from_records(rows, columns=PLATEAU_COLUMNS)
+    assert counts.max() >= 3 and (counts == 0).any() and len(want) > 20
+    pd.testing.assert_frame_equal(got, want.astype(got.dtypes.to_dict()), check_exact=True)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def test_workers_map_in_order_and_raise_what_the_work_raises():
+    import operator
+
+    from phasesweep.analysis._workers import WorkerError, Workers
+
+    with Workers(2) as pool:
+        assert list(pool.map(pow, ((i, 2) for i in range(9)))) == [i * i for i in range(9)]
+        assert list(pool.map(pow, [])) == []
+    with pytest.raises(ZeroDivisionError), Workers(2) as pool:
+        list(pool.map(operator.truediv, [(1, 1), (2, 1), (3, 0), (4, 1)]))
+    with pytest.raises(WorkerError, match="exit code 7"), Workers(1) as pool:
+        list(pool.map(os._exit, [(7,)]))
