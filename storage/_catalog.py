@@ -267,7 +267,8 @@ def run_batches(
     index = ChunkFiles(store, "trajectories", files["trajectories"])
     wanted = ["run_id", *trajectory_columns]
     for start in range(0, runs.num_rows, batch_runs):
-        batch = runs.slice(start, batch_runs)
+        # buffers of its own: a slice would hold (and pickle) the whole sweep's strings
+        batch = runs.take(pa.array(range(start, min(start + batch_runs, runs.num_rows))))
         yield batch, index.rows(batch.select(["run_id", "attempt"]), wanted)
 
 
