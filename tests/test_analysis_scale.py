@@ -403,3 +403,228 @@ def test_workers_map_in_order_and_raise_what_the_work_raises():
         list(pool.map(operator.truediv, [(1, 1), (2, 1), (3, 0), (4, 1)]))
     with pytest.raises(WorkerError, match="exit code 7"), Workers(1) as pool:
         list(pool.map(os._exit, [(7,)]))
+
+
+# --------------------------------------------------------------------------- memory
+
+#: runs of the two scale stores whose peak memories are compared (the large one 4x)
+SMALL_RUNS, LARGE_RUNS = 8192, 32768
+
+_PEAK = """
+import resource, sys
+from phasesweep.analysis import analyze, plot, report
+store, what, out = sys.argv[1:]
+if what == "analyze":
+    analyze(store, "scale", batch_runs=512, workers=0)
+elif what == "plot":
+    plot(store, "scale", out)
+else:
+    report(store, "scale", out)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _peak_mib(store: Store, what: str, out) -> float:
+    """Peak resident memory of a fresh process that runs ``what`` on ``store``, in MiB."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, store.uri, what, str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout.split()[-1]) / 1024
+
+
+@pytest.fixture(scope="module")
+def scale_stores(tmp_path_factory) -> dict[int, Store]:
+    """Scale sweeps of SMALL_RUNS and LARGE_RUNS runs, 30 logged steps each."""
+    from phasesweep.analysis._calibration import write_scale_sweep
+
+    stores = {}
+    for n in (SMALL_RUNS, LARGE_RUNS):
+        store = Store.open(str(tmp_path_factory.mktemp(f"scale{n}")))
+        assert write_scale_sweep(store, "scale", n, runs_per_file=512, log_points=30) == n
+        stores[n] = store
+    return stores
+
+
+def test_analyze_memory_does_not_grow_with_the_runs(scale_stores, tmp_path):
+    """4x the runs (and trajectory rows): the peak grows by the per-run numbers kept for
+    the fits and the runs' keys (~0.2 KiB a run), not by the trajectories (the whole-sweep
+    analysis held ~12 KiB a run: +300 MiB here)."""
+    small = _peak_mib(scale_stores[SMALL_RUNS], "analyze", tmp_path)
+    large = _peak_mib(scale_stores[LARGE_RUNS], "analyze", tmp_path)
+    con = open_catalog(scale_stores[LARGE_RUNS])
+    assert con.execute("SELECT count(*) FROM summaries").fetchone() == (LARGE_RUNS,)
+    assert large - small < 60, f"peak {small:.0f} MiB at {SMALL_RUNS} runs, {large:.0f} at 4x"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["plot", "report"])
+def test_figures_memory_does_not_grow_with_the_runs(scale_stores, tmp_path, what):
+    from phasesweep.analysis import analyze
+
+    for store in scale_stores.values():
+        if not store.files("summaries", "scale"):
+            analyze(store, "scale")
+    small = _peak_mib(scale_stores[SMALL_RUNS], what, tmp_path / "small")
+    large = _peak_mib(scale_stores[LARGE_RUNS], what, tmp_path / "large")
+    assert large - small < 60, f"peak {small:.0f} MiB at {SMALL_RUNS} runs, {large:.0f} at 4x"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+@pytest.fixture(scope="module")
+def figure_store(tmp_path_factory) -> Store:
+    """An analyzed scale sweep of 4 seeds (512 runs) in files of 64 runs."""
+    from phasesweep.analysis import analyze
+    from phasesweep.analysis._calibration import write_scale_sweep
+
+    store = Store.open(str(tmp_path_factory.mktemp("figures")))
+    write_scale_sweep(store, "scale", 512, runs_per_file=64, steps=400, log_points=30)
+    analyze(store, "scale", workers=0)
+    return store
+
+
+def _context(store: Store, with_store: bool = True):
+    from phasesweep.analysis._plotting import context
+    from phasesweep.analysis.config import stored_sweep
+
+    spec = stored_sweep(store.read_spec("scale"), "scale")
+    return context(open_catalog(store), "scale", spec, store if with_store else None)
+
+
+def test_sample_is_fixed_and_spread_over_facets_and_hues(figure_store):
+    import hashlib
+
+    ctx = _context(figure_store)
+    select = "SELECT run_id, depth, width, seed FROM runs WHERE sweep = ? AND width >= ?"
+    everything = ctx.df(select, [64])
+    rows, total = ctx.sample(select, ["depth", "width"], 10, [64])
+    again, _ = ctx.sample(select, ["depth", "width"], 10, [64])
+    assert total == len(everything) == 384
+    pd.testing.assert_frame_equal(rows, again)
+    assert set(rows["run_id"]) <= set(everything["run_id"])
+    # 2 depths: 5 runs each, taken in turn from the 3 widths (2, 2, 1), first by md5
+    assert rows.groupby("depth").size().tolist() == [5, 5]
+    for _, per_depth in rows.groupby("depth"):
+        assert sorted(per_depth.groupby("width").size().tolist()) == [1, 2, 2]
+    h = everything.assign(h=[hashlib.md5(r.encode()).hexdigest() for r in everything["run_id"]])
+    first = h.sort_values(["h", "run_id"]).groupby(["depth", "width"]).head(1)
+    assert set(first["run_id"]) <= set(rows["run_id"])
+    # more room than rows: all of them
+    rows, total = ctx.sample(select, [], 10_000, [64])
+    assert len(rows) == total == 384
+
+
+def test_chunk_rows_from_the_files_equal_the_views(figure_store):
+    runs = _context(figure_store).df(
+        "SELECT run_id, attempt FROM runs WHERE sweep = ? AND seed = 1 AND width = 16"
+    )
+    for table, columns in [("trajectories", ["step", "time"]), ("layers", ["step", "layer"])]:
+        got = [
+            _context(figure_store, with_store)
+            .chunk_rows(table, runs, columns)
+            .sort_values(["run_id", *columns], ignore_index=True)
+            for with_store in (True, False)
+        ]
+        assert len(got[0]) > len(runs) and set(got[0]["run_id"]) == set(runs["run_id"])
+        pd.testing.assert_frame_equal(got[0], got[1])
+
+
+def test_escape_time_markers_aggregate_every_run(figure_store, monkeypatch):
+    """The markers (groups aggregated in SQL) are those of every run's own point, while
+    the dots are a sample, said in the title."""
+    from phasesweep.analysis import figures
+    from phasesweep.analysis._analyze import fit_mask
+    from phasesweep.analysis.config import PlotSpec
+    from phasesweep.analysis.figures import escape_time
+
+    monkeypatch.setattr(escape_time, "MAX_DOTS", 40)
+    ctx = _context(figure_store)
+    kind = figures.get("escape_time")
+    p = kind.resolve(PlotSpec(kind="escape_time"), ctx)
+    data = kind.query(p, ctx)
+    points = ctx.df(
+        "SELECT r.*, s.escape_time, s.regime, s.n_plateaus FROM runs r JOIN summaries s "
+        "USING (sweep, run_id) WHERE r.sweep = ? AND r.status = 'completed' "
+        "AND s.escape_time > 0"
+    )
+    points["in_fit"] = fit_mask(points, ctx.cfg)
+    keys = [p.facet, p.hue, "init_scale"]
+    cells = ["n", "sum_log", "lo", "hi", "in_fit"]
+
+    def per_cell(groups):
+        g = groups[groups["n"] > 0].groupby(keys)
+        out = g.agg(n=("n", "sum"), sum_log=("sum_log", "sum"), lo=("lo", "min"))
+        return out.join(g.agg(hi=("hi", "max"), in_fit=("in_fit", "all")))[cells]
+
+    want = per_cell(escape_time.escape_groups(points))
+    got = per_cell(data["groups"])
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12)
+    assert want["in_fit"].any() and not want["in_fit"].all()
+    shown, total = data["shown"]
+    assert shown == len(data["points"]) <= 40 < total == len(points)
+    fig = kind.draw(data, p)
+    assert f"{shown} of {total} runs shown" in fig.get_suptitle()
+
+
+def test_transversal_markers_aggregate_every_run(synthetic_store, monkeypatch):
+    from phasesweep.analysis import analyze, figures
+    from phasesweep.analysis._plotting import context
+    from phasesweep.analysis.config import PlotSpec, stored_sweep
+    from phasesweep.analysis.figures import transversal
+
+    grid = {
+        "init_scale": [0.01, 0.1],
+        "width": [16, 64],
+        "depth": [2, 3],
+        "seed": [0, 1, 2, 3],
+        "noise_sigma": [0.0, 0.1, 0.3],
+    }
+    store, spec_text = synthetic_store("tv", grid)
+    analyze(store, "tv", workers=0)
+    monkeypatch.setattr(transversal, "MAX_DOTS", 10)
+    ctx = context(open_catalog(store), "tv", stored_sweep(spec_text, "tv"), store)
+    kind = figures.get("transversal")
+    p = kind.resolve(PlotSpec(kind="transversal", where="init_scale = 0.1"), ctx)
+    data = kind.query(p, ctx)
+    points = ctx.df(
+        "SELECT r.*, s.final_transversal_grad_sq FROM runs r JOIN summaries s "
+        "USING (sweep, run_id) WHERE r.sweep = ? AND r.status = 'completed' "
+        "AND r.init_scale = 0.1"
+    )
+    keys = [p.facet, p.hue, p.x]
+    want = transversal.transversal_cells(points, keys).sort_values(keys, ignore_index=True)
+    got = data["cells"].sort_values(keys, ignore_index=True)[want.columns]
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12)
+    assert (want["min_pos"].isna() == (want[p.x] == 0)).all()  # sigma = 0: only zeros
+    shown, total = data["shown"]
+    assert shown == len(data["points"]) <= 10 < total == len(points)
+    assert f"{shown} of {total} runs shown" in kind.draw(data, p).get_suptitle()
+
+
+def test_loss_curves_draw_a_sample_in_every_facet(figure_store, monkeypatch):
+    from phasesweep.analysis import figures
+    from phasesweep.analysis.config import PlotSpec
+    from phasesweep.analysis.figures import loss_curves
+
+    monkeypatch.setattr(loss_curves, "MAX_CURVES", 12)
+    ctx = _context(figure_store)
+    kind = figures.get("loss_curves")
+    p = kind.resolve(PlotSpec(kind="loss_curves", where="width = 64", facet="depth"), ctx)
+    data = kind.query(p, ctx)
+    shown, total = data["shown"]
+    assert (shown, total) == (12, 128)
+    runs = data["runs"]
+    assert runs.groupby("depth").size().tolist() == [6, 6]
+    assert set(data["traj"]["run_id"]) == set(runs["run_id"])
+    assert set(data["plateaus"]["run_id"]) <= set(runs["run_id"]) and len(data["plateaus"])
+    fig = kind.draw(data, p)
+    assert "12 of 128 runs shown" in fig.get_suptitle()
+    panels = [a for a in fig.axes if a.get_visible() and a.lines]
+    assert [len(a.lines) for a in panels] == [6, 6]
