@@ -353,7 +353,8 @@ def analyze(
         if every is None:
             every = pd.DataFrame(columns=[*_FIT_INPUT, *FIT_SUMMARY_COLUMNS])
         else:
-            every = every.take(pc.sort_indices(every, [("run_id", "ascending")])).to_pandas()
+            order = pc.sort_indices(every, [("run_id", "ascending")])
+            every = every.take(order).drop_columns(["run_id"]).to_pandas()
         fits = compute_fits(every, cfg, fit_group_axes(every, spec))
     store.write_analysis(sweep, "scaling_fits", to_table("scaling_fits", fits, len(fits)))
     return {**counts, "scaling_fits": len(fits)}

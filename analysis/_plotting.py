@@ -46,7 +46,7 @@ def swept_axes(levels: dict[str, Levels] | pd.DataFrame, spec: StoredSweep | Non
     if isinstance(levels, pd.DataFrame):
         varies = [a for a in levels if levels[a].nunique(dropna=True) > 1]
     else:
-        varies = [a for a, level in levels.items() if level.count > 1]
+        varies = [a for a, level in levels.items() if level.varies]
     if spec is not None:
         axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in varies]
         if axes:
@@ -57,15 +57,15 @@ def swept_axes(levels: dict[str, Levels] | pd.DataFrame, spec: StoredSweep | Non
 def context(
     con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None, store=None
 ) -> Context:
-    """The sweep as the figures see it (one aggregate over its runs: each axis's values);
+    """The sweep as the figures see it (one aggregate over its runs: each axis's range);
     ``ValueError`` if it has none. ``store``: the ``storage.Store`` ``con`` reads, if any."""
     have = set(con.sql("SELECT * FROM runs LIMIT 0").columns)
     cols = [a for a in AXES if a in have]
-    stats = ", ".join(f"count(DISTINCT {a}), min({a}), max({a})" for a in cols)
+    stats = ", ".join(f"min({a}), max({a})" for a in cols)
     row = con.execute(f"SELECT count(*), {stats} FROM runs WHERE sweep = ?", [sweep]).fetchone()
     if not row[0]:
         raise ValueError(f"sweep {sweep!r} has no runs in the store")
-    levels = {a: Levels(*row[1 + 3 * i : 4 + 3 * i]) for i, a in enumerate(cols)}
+    levels = {a: Levels(*row[1 + 2 * i : 3 + 2 * i]) for i, a in enumerate(cols)}
     return Context(con, sweep, spec, levels, swept_axes(levels, spec), store=store)
 
 

@@ -387,20 +387,15 @@ def provenance(
     import phasesweep
 
     argv = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+    # one pass over the runs (the view's window over all of them is the cost at scale)
     row = con.execute(
         "SELECT sum(wall_seconds), "
         "epoch(max(finished_at)) - min(epoch(finished_at) - coalesce(chunk_wall_seconds, "
-        "wall_seconds, 0)) FROM runs WHERE sweep = ?",
+        "wall_seconds, 0)), list(DISTINCT device ORDER BY device) FILTER (device IS NOT NULL), "
+        "list(DISTINCT node_id ORDER BY node_id) FILTER (node_id IS NOT NULL) "
+        "FROM runs WHERE sweep = ?",
         [sweep],
     ).fetchone()
-    devices = con.execute(
-        "SELECT DISTINCT device FROM runs WHERE sweep = ? AND device IS NOT NULL ORDER BY 1",
-        [sweep],
-    ).fetchall()
-    nodes = con.execute(
-        "SELECT DISTINCT node_id FROM runs WHERE sweep = ? AND node_id IS NOT NULL ORDER BY 1",
-        [sweep],
-    ).fetchall()
     return Provenance(
         version=phasesweep.__version__,
         commit=code_commit(),
@@ -408,8 +403,8 @@ def provenance(
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         wall_seconds=None if row[0] is None else float(row[0]),
         span_seconds=None if row[1] is None else float(row[1]),
-        devices=tuple(r[0] for r in devices),
-        nodes=tuple(r[0] for r in nodes),
+        devices=tuple(row[2] or ()),
+        nodes=tuple(row[3] or ()),
         launch=launch,
     )
 
@@ -571,14 +566,17 @@ def report(
     with open_sweep(store, sweep) as ctx:
         rendered = render_all(ctx, out)
         con = ctx.con
-        status = ctx.df(
-            "SELECT status, count(*) AS runs FROM runs WHERE sweep = ? GROUP BY status "
-            "ORDER BY runs DESC, status"
-        )
-        regimes = ctx.df(
-            "SELECT coalesce(s.regime, '(none)') AS regime, count(*) AS runs "
+        # one pass over the runs (the view's window over all of them is the cost at scale)
+        counts = ctx.df(
+            "SELECT r.status, coalesce(s.regime, '(none)') AS regime, count(*) AS runs "
             "FROM runs r LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            "WHERE r.sweep = ? GROUP BY 1 ORDER BY runs DESC, regime"
+            "WHERE r.sweep = ? GROUP BY ALL"
+        )
+        status, regimes = (
+            counts.groupby(key, as_index=False, dropna=False)["runs"]
+            .sum()
+            .sort_values(["runs", key], ascending=[False, True], ignore_index=True)
+            for key in ("status", "regime")
         )
         plateau_counts = ctx.df(
             "SELECT n_plateaus AS plateaus, count(*) AS runs FROM summaries "

@@ -51,7 +51,7 @@ QUERIES = {
 
 
 def child(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``argv`` in a process of its own: its exit code, wall seconds and peak memory
+    """Run ``argv`` in a process of its own: its exit code, wall and CPU seconds and peak memory
     (bytes): the largest sum of the resident sets of it and its descendants (``analyze``'s
     workers), sampled every 20 ms, and at least its own peak (``os.wait4``'s
     ``ru_maxrss``). Its output is kept in ``output`` (the last 2000 characters)."""
@@ -75,6 +75,7 @@ def child(argv: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "rc": proc.returncode,
         "seconds": wall,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,  # its descendants' included
         "peak_rss": max(peak, usage.ru_maxrss * 1024),
         "output": text[-2000:],
     }
@@ -134,7 +135,8 @@ def commands(root: Path, out: Path) -> dict[str, list[str]]:
 def measure(n_runs: int, workdir: Path | str, **options: Any) -> dict[str, Any]:
     """Time and peak RSS of every command of :func:`commands` on the scale sweep of
     ``n_runs`` runs (built under ``workdir`` unless there): ``{"runs", "build_seconds",
-    "store_bytes", "files", "commands": {name: {"rc", "seconds", "peak_rss"}}}``."""
+    "store_bytes", "files", "commands": {name: {"rc", "seconds", "cpu_seconds",
+    "peak_rss"}}}``; ``store_bytes`` and ``files``: the chunk tables' (as a launch writes)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     root, runs, build = build_store(n_runs, workdir, **options)
@@ -144,8 +146,8 @@ def measure(n_runs: int, workdir: Path | str, **options: Any) -> dict[str, Any]:
         res = child(argv)
         if res["rc"] != 0:
             raise RuntimeError(f"{name} exited {res['rc']}: {res['output']}")
-        results[name] = {k: res[k] for k in ("rc", "seconds", "peak_rss")}
-    files = sorted(root.glob("*/sweep=*/*.parquet"))
+        results[name] = {k: res[k] for k in ("rc", "seconds", "cpu_seconds", "peak_rss")}
+    files = [f for t in ("runs", "trajectories", "layers") for f in root.glob(f"{t}/*/*.parquet")]
     return {
         "runs": runs,
         "build_seconds": build,
@@ -158,8 +160,8 @@ def measure(n_runs: int, workdir: Path | str, **options: Any) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, with the targets (judged at 10⁶ runs and more)."""
     lines = [
-        "| runs | command | seconds | peak RSS (MiB) | target |",
-        "|---:|---|---:|---:|---|",
+        "| runs | command | seconds | CPU seconds | peak RSS (MiB) | target |",
+        "|---:|---|---:|---:|---:|---|",
     ]
     for res in results:
         for name, c in res["commands"].items():
@@ -170,7 +172,7 @@ def table(results: list[dict[str, Any]]) -> str:
             met = c["peak_rss"] <= TARGET_RSS and c["seconds"] <= TARGET_SECONDS.get(name, 1e30)
             judged = " (met)" if met else " (**missed**)"
             lines.append(
-                f"| {res['runs']:,} | {name} | {c['seconds']:.1f} | "
+                f"| {res['runs']:,} | {name} | {c['seconds']:.1f} | {c['cpu_seconds']:.1f} | "
                 f"{c['peak_rss'] / 2**20:.0f} | {', '.join(goal)}"
                 f"{judged if res['runs'] >= 10**6 else ''} |"
             )

@@ -499,25 +499,23 @@ def _context(store: Store, with_store: bool = True):
 
 
 def test_sample_is_fixed_and_spread_over_facets_and_hues(figure_store):
-    import hashlib
-
     ctx = _context(figure_store)
     select = "SELECT run_id, depth, width, seed FROM runs WHERE sweep = ? AND width >= ?"
     everything = ctx.df(select, [64])
-    rows, total = ctx.sample(select, ["depth", "width"], 10, [64])
-    again, _ = ctx.sample(select, ["depth", "width"], 10, [64])
+    rows, total = ctx.sample(select, ["depth", "width"], 10, ["scale", 64])
+    again, _ = ctx.sample(select, ["depth", "width"], 10, ["scale", 64])
     assert total == len(everything) == 384
     pd.testing.assert_frame_equal(rows, again)
     assert set(rows["run_id"]) <= set(everything["run_id"])
-    # 2 depths: 5 runs each, taken in turn from the 3 widths (2, 2, 1), first by md5
+    # 2 depths: 5 runs each, taken in turn from the 3 widths (2, 2, 1), by hash(run_id)
     assert rows.groupby("depth").size().tolist() == [5, 5]
     for _, per_depth in rows.groupby("depth"):
         assert sorted(per_depth.groupby("width").size().tolist()) == [1, 2, 2]
-    h = everything.assign(h=[hashlib.md5(r.encode()).hexdigest() for r in everything["run_id"]])
-    first = h.sort_values(["h", "run_id"]).groupby(["depth", "width"]).head(1)
+    hashed = ctx.df(f"SELECT *, hash(run_id) AS h FROM ({select})", [64])
+    first = hashed.sort_values(["h", "run_id"]).groupby(["depth", "width"]).head(1)
     assert set(first["run_id"]) <= set(rows["run_id"])
     # more room than rows: all of them
-    rows, total = ctx.sample(select, [], 10_000, [64])
+    rows, total = ctx.sample(select, [], 10_000, ["scale", 64])
     assert len(rows) == total == 384
 
 
@@ -628,3 +626,41 @@ def test_loss_curves_draw_a_sample_in_every_facet(figure_store, monkeypatch):
     assert "12 of 128 runs shown" in fig.get_suptitle()
     panels = [a for a in fig.axes if a.get_visible() and a.lines]
     assert [len(a.lines) for a in panels] == [6, 6]
+
+
+@pytest.mark.slow
+def test_scale_benchmark_at_toy_size(tmp_path):
+    """benchmarks/scale_analysis end to end on 128 runs: every command ran, and measured."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+    from benchmarks import scale_analysis
+
+    res = scale_analysis.measure(100, tmp_path, runs_per_file=32, steps=200, log_points=20)
+    assert res["runs"] == 128 and res["files"] == 3 * 8  # a file per table and (depth, width)
+    assert res["build_seconds"] is not None
+    assert list(res["commands"]) == list(scale_analysis.commands(tmp_path, tmp_path))
+    for c in res["commands"].values():
+        assert c["rc"] == 0 and c["seconds"] > 0 and c["peak_rss"] > 50 * 2**20
+    again = scale_analysis.measure(100, tmp_path, runs_per_file=32, steps=200, log_points=20)
+    assert again["build_seconds"] is None  # the store is kept
+    assert "| 128 | analyze |" in scale_analysis.table([res])
+
+
+def test_any_value_from_the_footers_equals_the_view(figure_store, tmp_path):
+    from phasesweep.analysis._calibration import write_scale_sweep
+
+    assert _context(figure_store).any_value("layers", "top_sv")
+    assert _context(figure_store, with_store=False).any_value("layers", "top_sv")
+    # no singular values anywhere (spectra off): every top_sv NULL
+    bare = Store.open(str(tmp_path))
+    write_scale_sweep(bare, "scale", 128, runs_per_file=64, steps=100, log_points=10)
+    for path in bare.files("layers", "scale"):
+        table = pq.read_table(path)
+        nulls = pa.nulls(table.num_rows, table.schema.field("top_sv").type)
+        table = table.set_column(table.column_names.index("top_sv"), "top_sv", nulls)
+        bare.put(path, _parquet(table))
+    for with_store in (True, False):
+        assert not _context(bare, with_store).any_value("layers", "top_sv")
+        assert _context(bare, with_store).any_value("layers", "delta_top_sv")

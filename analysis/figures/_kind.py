@@ -11,6 +11,9 @@ its caption for the report. A figure that cannot be drawn raises
 from __future__ import annotations
 
 import textwrap
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,12 +42,16 @@ class Unavailable(Exception):
 
 @dataclass(frozen=True)
 class Levels:
-    """The values a ``runs`` column takes in a sweep: how many distinct ones (NULL aside),
-    the smallest and the largest (None without any)."""
+    """The values a ``runs`` column takes in a sweep: the smallest and the largest (None
+    where it is NULL in every run)."""
 
-    count: int
     low: Any
     high: Any
+
+    @property
+    def varies(self) -> bool:
+        """Whether the column takes more than one value (NULL aside)."""
+        return self.low is not None and self.low != self.high
 
 
 @dataclass
@@ -106,20 +113,64 @@ class Context:
         keys = pa.table({c: pa.array(runs[c].tolist(), pa.string()) for c in ("run_id", "attempt")})
         return self._files[table].rows(keys, wanted).to_pandas()
 
+    def any_value(self, table: str, column: str) -> bool:
+        """Whether ``column`` of chunk table ``table`` holds a value (not NULL) for some run
+        of the sweep. With a store, from the files' footers (the null count of each row
+        group; a file without statistics is read); else one query of the view. (A file
+        of an attempt that never committed counts too: a spec's metrics are the same for
+        every chunk.)"""
+        if self.store is None:
+            found = f"SELECT 1 FROM {table} WHERE sweep = ? AND {column} IS NOT NULL LIMIT 1"
+            return bool(self.count(f"SELECT count(*) FROM ({found})"))
+        import pyarrow.parquet as pq
+
+        fs = self.store.arrow_fs
+        for path in self.store.readable_files(table, self.sweep):
+            meta = pq.read_metadata(path, filesystem=fs)
+            leaves = [
+                i
+                for i in range(meta.num_columns)
+                if meta.schema.column(i).path.split(".")[0] == column
+            ]
+            for g in range(meta.num_row_groups):
+                for i in leaves:
+                    chunk = meta.row_group(g).column(i)
+                    stats = chunk.statistics
+                    if stats is None or not stats.has_null_count:
+                        values = pq.read_table(path, columns=[column], filesystem=fs)[column]
+                        if values.null_count < len(values):
+                            return True
+                    elif stats.null_count < chunk.num_values:
+                        return True
+        return False
+
+    @contextmanager
+    def materialized(self, select: str, params: list | None = None) -> Iterator[str]:
+        """The name of a temporary table of the rows of ``select`` (its first ``?`` is this
+        sweep, then ``params``), dropped after the block: for a figure that reads one
+        selection twice (an aggregate and a sample), so that the views (``runs``: one
+        window over every run) are evaluated once."""
+        name = f"_figure_rows_{uuid.uuid4().hex[:12]}"
+        self.con.execute(f"CREATE TEMP TABLE {name} AS {select}", [self.sweep, *(params or [])])
+        try:
+            yield name
+        finally:
+            self.con.execute(f"DROP TABLE IF EXISTS {name}")
+
     def sample(
-        self, select: str, strata: list[str], limit: int, params: list | None = None
+        self, select: str, strata: list[str | None], limit: int, params: list | None = None
     ) -> tuple[pd.DataFrame, int]:
-        """A sample of at most about ``limit`` rows of ``select`` (SQL whose first ``?`` is
-        the sweep, then ``params``; it has a ``run_id`` column and the ``strata`` columns),
-        and how many rows it has. The same rows every time (by ``md5(run_id)``), spread
-        evenly over the values of ``strata[0]`` (each keeps ``limit / values`` rows, at
-        least one) and, within each, taken in turn from the values of ``strata[1:]``
-        (None entries are left out; column names of ``select``'s rows, unquoted)."""
+        """A sample of at most about ``limit`` rows of ``select`` (SQL with a ``run_id``
+        column and the ``strata`` columns; ``params``: its parameters), and how many rows it
+        has. The same rows every time (the smallest ``hash(run_id)``), spread evenly over
+        the values of ``strata[0]`` (each keeps ``limit / values`` rows, at least one) and,
+        within each, taken in turn from the values of ``strata[1:]`` (None entries are left
+        out; column names of ``select``'s rows, unquoted)."""
         strata = list(dict.fromkeys(c for c in strata if c))
         outer, inner = _partition(strata[:1]), _partition(strata)
         first = strata[0] if strata else "1"
-        rows = self.df(
-            f"WITH sel AS MATERIALIZED (SELECT *, md5(run_id) AS _h FROM ({select})), "
+        rows = self.con.execute(
+            f"WITH sel AS MATERIALIZED (SELECT *, hash(run_id) AS _h FROM ({select})), "
             f"n AS (SELECT count(*) AS _total, greatest(count(DISTINCT {first}), 1) AS _groups "
             "FROM sel), "
             f"ranked AS (SELECT *, row_number() OVER ({inner}ORDER BY _h, run_id) AS _k "
@@ -129,7 +180,7 @@ class Context:
             "SELECT spread.* EXCLUDE (_h, _k, _j), n._total FROM spread, n "
             "WHERE _j <= greatest(1, ? // n._groups) ORDER BY run_id",
             [*(params or []), int(limit)],
-        )
+        ).df()
         total = int(rows["_total"].iloc[0]) if len(rows) else 0
         return rows.drop(columns="_total"), total
 
@@ -207,11 +258,11 @@ def fixed_where(ctx: Context, free: set[str], where: str | None = None) -> str |
         return where
     conds = []
     seed = ctx.levels.get("seed")
-    if "seed" not in free and seed is not None and seed.count:
+    if "seed" not in free and seed is not None and seed.low is not None:
         conds.append(f"seed = {int(seed.low)}")
     for a in ctx.axes:
         level = ctx.levels.get(a)
-        if a in free or level is None or not level.count:
+        if a in free or level is None or level.low is None:
             continue
         v = level.high if a in ("width", "n_train") else level.low
         conds.append(f"{a} = {literal(v)}")

@@ -302,32 +302,34 @@ class EscapeTime(FigureKind):
     def query(self, p: PlotSpec, ctx: Context) -> dict:
         from phasesweep.analysis._analyze import fit_mask
 
-        axes = list(dict.fromkeys(("depth", *FIT_GROUP_COLUMNS, p.hue, p.facet)))
-        cols = ", ".join(f"r.{c}" for c in axes if c)
-        source = (
+        names = [c for c in dict.fromkeys(("depth", *FIT_GROUP_COLUMNS, p.hue, p.facet)) if c]
+        axes = ", ".join(names)
+        completed = (
+            f"SELECT r.run_id, {', '.join(f'r.{a}' for a in names)}, r.init_scale, "
+            "r.status, s.regime, s.n_plateaus, s.escape_time "
             f"FROM {selected_runs(p.where)} AS r JOIN summaries AS s "
             "ON s.sweep = r.sweep AND s.run_id = r.run_id WHERE r.status = 'completed'"
         )
-        positive = "FILTER (WHERE s.escape_time > 0)"
-        groups = ctx.df(
-            f"SELECT {cols}, r.init_scale, r.status, s.regime, s.n_plateaus, "
-            f"count(s.escape_time) AS n_escaped, count(*) {positive} AS n, "
-            f"sum(ln(s.escape_time)) {positive} AS sum_log, "
-            f"min(s.escape_time) {positive} AS lo, max(s.escape_time) {positive} AS hi "
-            f"{source} GROUP BY ALL"
-        )
+        positive = "FILTER (WHERE escape_time > 0)"
+        with ctx.materialized(completed) as rows:
+            groups = ctx.con.execute(
+                f"SELECT {axes}, init_scale, status, regime, n_plateaus, "
+                f"count(escape_time) AS n_escaped, count(*) {positive} AS n, "
+                f"sum(ln(escape_time)) {positive} AS sum_log, "
+                f"min(escape_time) {positive} AS lo, max(escape_time) {positive} AS hi "
+                f"FROM {rows} GROUP BY ALL"
+            ).df()
+            dots, total = ctx.sample(
+                f"SELECT run_id, {axes}, init_scale, escape_time FROM {rows} WHERE escape_time > 0",
+                [p.facet, p.hue, "init_scale"],
+                MAX_DOTS,
+            )
         if groups.empty:
             raise Unavailable("no completed run with a summary (run analyze)")
         if groups["n_escaped"].sum() == 0:
             raise Unavailable("no run escaped (escape_time is NULL for every completed run)")
         # a group's runs share what fit_mask reads; `lo` stands for their escape times
         groups["in_fit"] = fit_mask(groups.assign(escape_time=groups["lo"]), ctx.cfg)
-        strata = [p.facet, p.hue, "init_scale"]
-        dots, total = ctx.sample(
-            f"SELECT r.run_id, {cols}, r.init_scale, s.escape_time {source} AND s.escape_time > 0",
-            strata,
-            MAX_DOTS,
-        )
         fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
         return {
             "points": dots,

@@ -173,6 +173,7 @@ class LossCurves(FigureKind):
             f"SELECT run_id, attempt, {cols} FROM runs WHERE sweep = ?{where}",
             [p.facet, p.hue],
             MAX_CURVES,
+            [ctx.sweep],
         )
         if runs.empty:
             raise Unavailable(f"no runs match where = {p.where!r}")

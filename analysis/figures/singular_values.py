@@ -188,11 +188,7 @@ class SingularValues(FigureKind):
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:
-        has = ctx.count(
-            "SELECT count(*) FROM "
-            "(SELECT 1 FROM layers WHERE sweep = ? AND top_sv IS NOT NULL LIMIT 1)"
-        )
-        return PlotSpec(kind=self.kind) if has else None
+        return PlotSpec(kind=self.kind) if ctx.any_value("layers", "top_sv") else None
 
     def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
         facet = p.facet or first_free(ctx, ("depth",), {"init_scale"}, p.where)

@@ -166,24 +166,23 @@ class Transversal(FigureKind):
         return p.model_copy(update={"x": x, "hue": hue, "facet": facet, "where": where})
 
     def query(self, p: PlotSpec, ctx: Context) -> dict:
-        keys = list(dict.fromkeys(k for k in (p.facet, p.hue, p.x) if k))
-        cols = ", ".join(f"r.{c}" for c in keys)
-        source = (
+        keys = ", ".join(dict.fromkeys(k for k in (p.facet, p.hue, p.x) if k))
+        finite = (
+            f"SELECT r.run_id, {', '.join(f'r.{k}' for k in keys.split(', '))}, s.{_Y} "
             f"FROM {selected_runs(p.where)} AS r JOIN summaries AS s "
             "ON s.sweep = r.sweep AND s.run_id = r.run_id "
             f"WHERE r.status = 'completed' AND isfinite(s.{_Y})"
         )
-        cells = ctx.df(
-            f"SELECT {cols}, median(s.{_Y}) AS median, min(s.{_Y}) AS min, max(s.{_Y}) AS max, "
-            f"min(s.{_Y}) FILTER (WHERE s.{_Y} > 0) AS min_pos {source} GROUP BY ALL"
-        )
+        with ctx.materialized(finite) as rows:
+            cells = ctx.con.execute(
+                f"SELECT {keys}, median({_Y}) AS median, min({_Y}) AS min, max({_Y}) AS max, "
+                f"min({_Y}) FILTER (WHERE {_Y} > 0) AS min_pos FROM {rows} GROUP BY ALL"
+            ).df()
+            dots, total = ctx.sample(f"SELECT * FROM {rows}", [p.facet, p.hue, p.x], MAX_DOTS)
         if cells.empty:
             raise Unavailable(
                 "transversal_grad_sq is NULL for every completed run (subspace data only)"
             )
-        dots, total = ctx.sample(
-            f"SELECT r.run_id, {cols}, s.{_Y} {source}", [p.facet, p.hue, p.x], MAX_DOTS
-        )
         return {"points": dots, "cells": cells, "shown": (len(dots), total)}
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
