@@ -57,16 +57,25 @@ def swept_axes(levels: dict[str, Levels] | pd.DataFrame, spec: StoredSweep | Non
 def context(
     con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None, store=None
 ) -> Context:
-    """The sweep as the figures see it (one aggregate over its runs: each axis's range);
-    ``ValueError`` if it has none. ``store``: the ``storage.Store`` ``con`` reads, if any."""
+    """The sweep as the figures see it: the range of each axis it may sweep (one aggregate
+    over its runs); ``ValueError`` if it has none. ``store``: the ``storage.Store`` ``con``
+    reads, if any."""
     have = set(con.sql("SELECT * FROM runs LIMIT 0").columns)
-    cols = [a for a in AXES if a in have]
-    stats = ", ".join(f"min({a}), max({a})" for a in cols)
-    row = con.execute(f"SELECT count(*), {stats} FROM runs WHERE sweep = ?", [sweep]).fetchone()
-    if not row[0]:
+    fallback = ["init_scale", *Y_PREFERENCE]
+    grid = [a for a in spec.grid_axes if a in AXES] if spec is not None else fallback
+    count, levels = _levels(con, sweep, [a for a in dict.fromkeys([*grid, "seed"]) if a in have])
+    if not count:
         raise ValueError(f"sweep {sweep!r} has no runs in the store")
-    levels = {a: Levels(*row[1 + 2 * i : 3 + 2 * i]) for i, a in enumerate(cols)}
+    if not any(levels[a].varies for a in grid if a in levels and a != "seed"):
+        levels |= _levels(con, sweep, [a for a in fallback if a in have and a not in levels])[1]
     return Context(con, sweep, spec, levels, swept_axes(levels, spec), store=store)
+
+
+def _levels(con: duckdb.DuckDBPyConnection, sweep: str, cols: list[str]):
+    """(runs of ``sweep``, the :class:`Levels` of each of the runs columns ``cols``)."""
+    stats = "".join(f", min({a}), max({a})" for a in cols)
+    row = con.execute(f"SELECT count(*){stats} FROM runs WHERE sweep = ?", [sweep]).fetchone()
+    return row[0], {a: Levels(*row[1 + 2 * i : 3 + 2 * i]) for i, a in enumerate(cols)}
 
 
 def default_plots(ctx: Context) -> list[PlotSpec]:
