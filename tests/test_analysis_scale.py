@@ -664,3 +664,27 @@ def test_any_value_from_the_footers_equals_the_view(figure_store, tmp_path):
     for with_store in (True, False):
         assert not _context(bare, with_store).any_value("layers", "top_sv")
         assert _context(bare, with_store).any_value("layers", "delta_top_sv")
+
+
+def test_catalog_memory_is_bounded_and_spills(tmp_path, monkeypatch):
+    """A catalog connection keeps DuckDB within MEMORY_LIMIT: a sort that needs more
+    spills to the process's private folder (0700) rather than growing, and the limit
+    cannot be lifted by SQL."""
+    import duckdb
+    from phasesweep.storage import _catalog
+
+    con = open_catalog(Store.open(str(tmp_path)))
+    limit, folder = con.execute(
+        "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
+    ).fetchone()
+    assert limit == "1.0 GiB" and folder == _catalog._spill_directory()
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET memory_limit = '100GB'")
+    monkeypatch.setattr(_catalog, "MEMORY_LIMIT", "100MB")
+    con = _catalog.locked_connection()
+    big_sort = (
+        "SELECT count(*) FROM (SELECT md5(range::VARCHAR) AS s FROM range(5000000) ORDER BY s)"
+    )
+    assert con.execute(big_sort).fetchone() == (5_000_000,)
+    assert os.listdir(folder)  # it spilled
