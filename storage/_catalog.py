@@ -78,7 +78,7 @@ MEMORY_LIMIT = "1GiB"
 
 
 @functools.cache
-def _spill_directory() -> str:
+def spill_directory() -> str:
     """A folder of this process (mode 0700, removed at exit) for DuckDB's spilled data."""
     path = tempfile.mkdtemp(prefix="phasesweep-duckdb-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
@@ -95,7 +95,7 @@ def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
     change that (``lock_configuration``). In-memory tables may still be created.
 
     Its memory is bounded (:data:`MEMORY_LIMIT`); sorts, joins and windows that need more
-    spill to a private temporary folder of this process (:func:`_spill_directory`).
+    spill to a private temporary folder of this process (:func:`spill_directory`).
 
     DuckDB has no read-only permission for a file: a ``COPY ... TO`` or ``ATTACH``
     *statement* naming one of ``paths`` could write over it. So SQL from outside never
@@ -106,7 +106,7 @@ def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(config={"python_enable_replacements": False})
     # bounded memory: what a query's sorts, joins and windows need beyond it spills
     con.execute("SET memory_limit = ?", [MEMORY_LIMIT])
-    con.execute("SET temp_directory = ?", [_spill_directory()])
+    con.execute("SET temp_directory = ?", [spill_directory()])
     # allowed_paths can only be set once the database is started, and before the lock
     con.execute("SET allowed_paths = ?", [list(paths)])
     con.execute("SET enable_external_access = false")

@@ -677,7 +677,7 @@ def test_catalog_memory_is_bounded_and_spills(tmp_path, monkeypatch):
     limit, folder = con.execute(
         "SELECT current_setting('memory_limit'), current_setting('temp_directory')"
     ).fetchone()
-    assert limit == "1.0 GiB" and folder == _catalog._spill_directory()
+    assert limit == "1.0 GiB" and folder == _catalog.spill_directory()
     assert os.stat(folder).st_mode & 0o777 == 0o700
     with pytest.raises(duckdb.Error, match="locked"):
         con.execute("SET memory_limit = '100GB'")
