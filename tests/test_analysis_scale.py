@@ -452,14 +452,14 @@ def scale_stores(tmp_path_factory) -> dict[int, Store]:
 
 
 def test_analyze_memory_does_not_grow_with_the_runs(scale_stores, tmp_path):
-    """4x the runs (and trajectory rows): the peak grows by the per-run numbers kept for
-    the fits and the runs' keys (~0.2 KiB a run), not by the trajectories (the whole-sweep
-    analysis held ~12 KiB a run: +300 MiB here)."""
+    """4x the runs (and trajectory rows): the peak grows by what is kept per run (the
+    runs' rows read at once, the numbers the fits need: +40 MiB measured), not by the
+    trajectories (the whole-sweep analysis, ``analyze_frames`` of all rows: +300 MiB)."""
     small = _peak_mib(scale_stores[SMALL_RUNS], "analyze", tmp_path)
     large = _peak_mib(scale_stores[LARGE_RUNS], "analyze", tmp_path)
     con = open_catalog(scale_stores[LARGE_RUNS])
     assert con.execute("SELECT count(*) FROM summaries").fetchone() == (LARGE_RUNS,)
-    assert large - small < 60, f"peak {small:.0f} MiB at {SMALL_RUNS} runs, {large:.0f} at 4x"
+    assert large - small < 120, f"peak {small:.0f} MiB at {SMALL_RUNS} runs, {large:.0f} at 4x"
 
 
 @pytest.mark.slow
