@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -278,35 +279,68 @@ def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return runs, traj
 
 
-def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
-    """One line saying how many completed runs stop before ``at_time`` (their regime is
-    NULL) and what to do, or None when every completed run reaches it (or no at_time).
+@dataclass(frozen=True)
+class Reach:
+    """How a sweep's completed runs reach ``analysis.at_time``, in numbers that add up over
+    batches of runs (and that SQL aggregates give): ``completed`` runs, of which ``short``
+    stop before it (their last finite loss comes earlier, or there is none); ``short_end``
+    the latest end of those, ``first_end`` the earliest end of any (NaN: none finite)."""
 
-    ``status``, ``final_time``: per run (``runs.status``, ``summaries.final_time``, the
-    gradient-flow time of the last logged finite loss; NaN for a run without one).
-    """
-    if at_time is None:
-        return None
-    done = status == "completed"
-    ends = np.asarray(final_time, dtype=np.float64)[done]
-    short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
-    if not short.any():
-        return None
-    finite = ends[np.isfinite(ends)]
-    end = ends[short & np.isfinite(ends)]
-    line = (
-        f"analysis.at_time = {at_time:g} lies beyond the last gradient-flow time of "
-        f"{int(short.sum())} of {int(done.sum())} completed runs"
-        + (f" (they end by t = {end.max():.6g})" if len(end) else "")
-        + ": their regime is NULL"
-    )
-    if len(finite):
-        t = reached_time(float(finite.min()))
-        line += (
-            f"; every run reaches t = {t}: relaunch the sweep's spec with "
-            f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
+    completed: int = 0
+    short: int = 0
+    short_end: float = float("nan")
+    first_end: float = float("nan")
+
+    @classmethod
+    def of(cls, at_time: float, status: np.ndarray, final_time: np.ndarray) -> Reach:
+        """Of runs given by ``status`` and ``final_time`` (``summaries.final_time``, NaN for
+        a run without a finite loss)."""
+        ends = np.asarray(final_time, dtype=np.float64)[np.asarray(status) == "completed"]
+        short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
+        finite = np.isfinite(ends)
+        return cls(
+            int(len(ends)),
+            int(short.sum()),
+            float(ends[short & finite].max()) if (short & finite).any() else float("nan"),
+            float(ends[finite].min()) if finite.any() else float("nan"),
         )
-    return line
+
+    def __add__(self, other: Reach) -> Reach:
+        return Reach(
+            self.completed + other.completed,
+            self.short + other.short,
+            float(np.fmax(self.short_end, other.short_end)),
+            float(np.fmin(self.first_end, other.first_end)),
+        )
+
+    def line(self, at_time: float | None) -> str | None:
+        """One line saying how many completed runs stop before ``at_time`` (their regime
+        is NULL) and what to do; None when every one reaches it (or no at_time)."""
+        if at_time is None or not self.short:
+            return None
+        line = (
+            f"analysis.at_time = {at_time:g} lies beyond the last gradient-flow time of "
+            f"{self.short} of {self.completed} completed runs"
+            + (
+                f" (they end by t = {self.short_end:.6g})"
+                if self.short_end == self.short_end
+                else ""
+            )
+            + ": their regime is NULL"
+        )
+        if self.first_end == self.first_end:
+            t = reached_time(self.first_end)
+            line += (
+                f"; every run reaches t = {t}: relaunch the sweep's spec with "
+                f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
+            )
+        return line
+
+
+def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
+    """:meth:`Reach.line` of the runs given by ``status`` and ``final_time`` (per run:
+    ``runs.status``, ``summaries.final_time``, NaN for a run without a finite loss)."""
+    return None if at_time is None else Reach.of(at_time, status, final_time).line(at_time)
 
 
 #: What :func:`analyze` keeps of every run for the scaling fits (with FIT_SUMMARY_COLUMNS).
@@ -335,6 +369,7 @@ def analyze(
     cfg = spec.analysis if spec is not None else AnalysisConfig()
     counts = {"summaries": 0, "plateaus": 0}
     kept: list[pa.Table] = []
+    reach = Reach()
     batches = run_batches(
         store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
     )
@@ -345,6 +380,10 @@ def analyze(
         for summaries, plateaus, fit_input in _summarized(batches, cfg, workers):
             write_summaries(summaries)
             write_plateaus(plateaus)
+            if cfg.at_time is not None:
+                status = fit_input["status"].to_numpy(zero_copy_only=False)
+                ends = summaries["final_time"].to_numpy(zero_copy_only=False)
+                reach += Reach.of(cfg.at_time, status, ends)
             counts["summaries"] += summaries.num_rows
             counts["plateaus"] += plateaus.num_rows
             kept.append(fit_input)
@@ -357,6 +396,9 @@ def analyze(
             every = every.take(order).drop_columns(["run_id"]).to_pandas()
         fits = compute_fits(every, cfg, fit_group_axes(every, spec))
     store.write_analysis(sweep, "scaling_fits", to_table("scaling_fits", fits, len(fits)))
+    warning = reach.line(cfg.at_time)
+    if warning:
+        log.warning("sweep %s: %s", sweep, warning)
     return {**counts, "scaling_fits": len(fits)}
 
 
