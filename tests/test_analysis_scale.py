@@ -688,3 +688,42 @@ def test_catalog_memory_is_bounded_and_spills(tmp_path, monkeypatch):
     )
     assert con.execute(big_sort).fetchone() == (5_000_000,)
     assert os.listdir(folder)  # it spilled
+
+
+def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
+    """How the completed runs reach analysis.at_time: the same numbers from all runs at
+    once, summed over batches (analyze) and aggregated in SQL (the report)."""
+    from phasesweep.analysis import analyze
+    from phasesweep.analysis._analyze import Reach
+    from phasesweep.analysis._report import _reach
+
+    rng = np.random.default_rng(0)
+    status = rng.choice(["completed", "diverged", "failed"], 200, p=[0.8, 0.1, 0.1])
+    ends = rng.uniform(0, 10, 200)
+    ends[::13] = np.nan
+    whole = Reach.of(5.0, status, ends)
+    parts = sum(
+        (Reach.of(5.0, status[i : i + 17], ends[i : i + 17]) for i in range(0, 200, 17)), Reach()
+    )
+    assert whole == parts and 0 < whole.short < whole.completed < 200
+    assert Reach.of(5.0, status[:0], ends[:0]).line(5.0) is None
+
+    grid = {"init_scale": [0.01, 1.0], "width": [16, 256], "depth": [2, 3], "seed": [0, 1]}
+    store, _ = synthetic_store("reach", grid, fail_first=True)
+    analyze(store, "reach", workers=0)
+    con = open_catalog(store)
+    runs = con.sql(
+        "SELECT r.status, s.final_time, coalesce(s.regime, '(none)') AS regime FROM runs r "
+        "JOIN summaries s USING (sweep, run_id)"
+    ).df()
+    at = 2 * float(np.nanmax(runs["final_time"]))  # beyond every run
+    counts = con.execute(
+        "SELECT r.status, count(*) AS runs, count(*) FILTER (WHERE NOT coalesce(s.final_time "
+        ">= ?, false)) AS short, max(s.final_time) FILTER (WHERE NOT coalesce(s.final_time "
+        ">= ?, false)) AS short_end, min(s.final_time) AS first_end FROM runs r LEFT JOIN "
+        "summaries s USING (sweep, run_id) GROUP BY ALL",
+        [at * (1 - 1e-9)] * 2,
+    ).df()
+    want = Reach.of(at, runs["status"].to_numpy(object), runs["final_time"].to_numpy(float))
+    assert _reach(counts) == want and want.short == want.completed and want.line(at)
+    assert want.short_end == float(np.nanmax(runs["final_time"]))
