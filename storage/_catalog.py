@@ -244,10 +244,21 @@ def tables_read(sql: str) -> set[str]:
     """The store tables (``runs``, …, ``manifest``) whose files ``sql`` reads through the
     views it names (from DuckDB's parser; nothing is bound or run). A damaged file of
     any other table cannot change its answer."""
-    with duckdb.connect() as con:
-        names = {n.lower() for n in con.get_table_names(sql)}
+    try:
+        with duckdb.connect() as con:
+            names = {n.lower() for n in con.get_table_names(sql)}
+    except duckdb.Error:  # its binder refuses some queries it could read (a USING join)
+        names = {_token(sql, start).lower() for start, kind in duckdb.tokenize(sql)}
     views = names & {*_TABLES, "manifest"}
     return views.union(*(_READS.get(v, ()) for v in views))
+
+
+def _token(sql: str, start: int) -> str:
+    """The word of ``sql`` that starts at ``start`` (a token's offset)."""
+    end = start
+    while end < len(sql) and (sql[end].isalnum() or sql[end] == "_"):
+        end += 1
+    return sql[start:end]
 
 
 def sql_string(text: str) -> str:

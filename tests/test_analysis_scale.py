@@ -727,3 +727,20 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
     want = Reach.of(at, runs["status"].to_numpy(object), runs["final_time"].to_numpy(float))
     assert _reach(counts) == want and want.short == want.completed and want.line(at)
     assert want.short_end == float(np.nanmax(runs["final_time"]))
+
+
+def test_tables_read_by_a_using_join():
+    """The README's query (a USING join, which DuckDB's get_table_names cannot bind) names
+    the tables it reads, so `phasesweep query` answers it."""
+    from phasesweep.storage._catalog import tables_read
+
+    readme = (
+        "SELECT r.width, r.init_scale, avg(t.kernel_distance) AS kernel_distance "
+        "FROM runs r JOIN trajectories t USING (sweep, run_id) "
+        "WHERE r.sweep = 'quickstart' AND t.time BETWEEN 90 AND 110 GROUP BY ALL"
+    )
+    assert tables_read(readme) == {"runs", "trajectories"}
+    assert tables_read("SELECT count(*) FROM summaries s JOIN runs USING (run_id)") == {
+        "runs",
+        "summaries",
+    }
