@@ -2,10 +2,17 @@
 
 The core, :func:`analyze_frames`, is pure: pandas frames of ``runs`` and
 ``trajectories`` in, Arrow tables of ``summaries``, ``plateaus`` and
-``scaling_fits`` out. :func:`analyze` reads a sweep through the DuckDB catalog,
-takes the thresholds from the sweep's stored spec (``analysis:``; defaults if
-there is none), and replaces the sweep's partitions of the three tables, so it
-can be rerun at any time (e.g. with other thresholds) and gives the same rows.
+``scaling_fits`` out. :func:`analyze` takes the thresholds from the sweep's stored
+spec (``analysis:``; defaults if there is none) and replaces the sweep's partitions
+of the three tables, so it can be rerun at any time (e.g. with other thresholds)
+and gives the same rows.
+
+:func:`analyze` streams: it reads the runs a batch at a time with their trajectories
+(``storage._catalog.run_batches``, as the catalog views show them), writes each
+batch's ``summaries`` and ``plateaus`` rows as they come, and keeps of every run only
+the few numbers the scaling fits need, so its memory does not grow with the trajectories
+of the sweep. Each run's numbers depend on its own rows only: the rows are those of
+:func:`analyze_frames` of the whole sweep (in batch order).
 
 The regime rule reads each run at its last logged point, or, with
 ``analysis.at_time``, at that common gradient-flow time (linear in log t between
@@ -15,12 +22,16 @@ the logged points around it; NULL for runs that stopped before it): the
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from phasesweep.analysis import _series as ser
 from phasesweep.analysis._escape import escape_times
 from phasesweep.analysis._plateaus import plateau_frame
@@ -37,10 +48,16 @@ from phasesweep.storage.schema import (
     ESCAPE_COLUMNS,
     ESCAPE_EPS,
     FIT_GROUP_COLUMNS,
+    RUNS,
+    SUMMARIES,
     to_table,
 )
 
 log = logging.getLogger(__name__)
+
+#: Runs :func:`analyze` reads and analyzes at once: its memory holds about this many runs'
+#: trajectories (rows x ~12 columns x 8 bytes, with the pandas frames of the batch).
+BATCH_RUNS = 2048
 
 RUN_COLUMNS = [
     "run_id",
@@ -83,13 +100,12 @@ def fit_group_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
 
 
 def compute_summaries(
-    runs: pd.DataFrame, traj: pd.DataFrame, cfg: AnalysisConfig
+    runs: pd.DataFrame, s: ser.Series, cfg: AnalysisConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summaries, plateaus) frames, one summaries row per row of ``runs``."""
+    """(summaries, plateaus) frames, one summaries row per row of ``runs``; ``s``: their
+    trajectories (``TRAJECTORY_COLUMNS``; those missing are NULL), runs in the same order."""
     run_ids = runs["run_id"].to_numpy(dtype=object)
     status = runs["status"].to_numpy(dtype=object)
-    cols = [c for c in TRAJECTORY_COLUMNS if c in traj]
-    s = ser.from_frame(traj, cols, run_ids=run_ids)
     for c in TRAJECTORY_COLUMNS:
         if c not in s.values:
             s.values[c] = np.full(len(s.time), np.nan)
@@ -202,18 +218,20 @@ def fit_mask(df: pd.DataFrame, cfg: AnalysisConfig) -> pd.Series:
     return keep.fillna(False).astype(bool)
 
 
+#: The summaries columns the scaling fits read.
+FIT_SUMMARY_COLUMNS = ["regime", "escape_time", "n_plateaus"]
+
+
 def compute_fits(
-    runs: pd.DataFrame,
-    summaries: pd.DataFrame,
-    cfg: AnalysisConfig,
-    group_axes: Sequence[str] = (),
+    df: pd.DataFrame, cfg: AnalysisConfig, group_axes: Sequence[str] = ()
 ) -> pd.DataFrame:
     """Scaling fits of the escape times (see :mod:`analysis._scaling`).
 
-    Every group (depth and the other grid axes) of completed runs gets its rows,
-    with NULL slopes where too few escape times pass :func:`fit_mask`.
+    ``df``: runs (``status``, ``depth``, ``init_scale``, ``seed`` and ``group_axes``) with
+    their summaries' :data:`FIT_SUMMARY_COLUMNS`. Every group (depth and the other grid
+    axes) of completed runs gets its rows, with NULL slopes where too few escape times
+    pass :func:`fit_mask`.
     """
-    df = runs.merge(summaries[["run_id", "regime", "escape_time", "n_plateaus"]], on="run_id")
     keep = fit_mask(df, cfg)
     df = df[df["status"] == "completed"].copy()
     df["escape_time"] = df["escape_time"].where(keep[df.index], np.nan)
@@ -236,8 +254,10 @@ def analyze_frames(
     cfg = cfg or AnalysisConfig()
     if group_axes is None:
         group_axes = fit_group_axes(runs, None)
-    summaries, plateaus = compute_summaries(runs, traj, cfg)
-    fits = compute_fits(runs, summaries, cfg, group_axes)
+    s = ser.from_frame(traj, TRAJECTORY_COLUMNS, run_ids=runs["run_id"].to_numpy(dtype=object))
+    summaries, plateaus = compute_summaries(runs, s, cfg)
+    fit_input = runs.merge(summaries[["run_id", *FIT_SUMMARY_COLUMNS]], on="run_id")
+    fits = compute_fits(fit_input, cfg, group_axes)
     return {
         "summaries": to_table("summaries", summaries, len(summaries)),
         "plateaus": to_table("plateaus", plateaus, len(plateaus)),
@@ -246,83 +266,178 @@ def analyze_frames(
 
 
 def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, trajectories) of a sweep from a catalog connection."""
+    """(runs, trajectories) of a whole sweep from a catalog connection, as pandas frames
+    (for :func:`analyze_frames`; :func:`analyze` reads a batch at a time)."""
     runs = con.execute(
         f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE sweep = ? ORDER BY run_id", [sweep]
     ).df()
     traj = con.execute(
-        f"SELECT run_id, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
-        "WHERE sweep = ? ORDER BY run_id, time",
+        f"SELECT run_id, step, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
+        "WHERE sweep = ? ORDER BY run_id, time, step",
         [sweep],
     ).df()
     return runs, traj
 
 
-def analyze_catalog(con, sweep: str, spec: StoredSweep | None = None) -> dict[str, pa.Table]:
-    """The analysis tables of ``sweep`` read through a catalog connection ``con``; logs a
-    warning when ``analysis.at_time`` lies beyond some completed runs (:func:`unreached`)."""
-    runs, traj = read_inputs(con, sweep)
-    cfg = spec.analysis if spec is not None else AnalysisConfig()
-    tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
-    summaries = tables["summaries"]
-    warning = unreached(
-        cfg.at_time,
-        runs["status"].to_numpy(dtype=object),
-        summaries.column("final_time").to_numpy(zero_copy_only=False),
-    )
-    if warning:
-        log.warning("sweep %s: %s", sweep, warning)
-    return tables
+@dataclass(frozen=True)
+class Reach:
+    """How a sweep's completed runs reach ``analysis.at_time``, in numbers that add up over
+    batches of runs (and that SQL aggregates give): ``completed`` runs, of which ``short``
+    stop before it (their last finite loss comes earlier, or there is none); ``short_end``
+    the latest end of those, ``first_end`` the earliest end of any (NaN: none finite)."""
+
+    completed: int = 0
+    short: int = 0
+    short_end: float = float("nan")
+    first_end: float = float("nan")
+
+    @classmethod
+    def of(cls, at_time: float, status: np.ndarray, final_time: np.ndarray) -> Reach:
+        """Of runs given by ``status`` and ``final_time`` (``summaries.final_time``, NaN for
+        a run without a finite loss)."""
+        ends = np.asarray(final_time, dtype=np.float64)[np.asarray(status) == "completed"]
+        short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
+        finite = np.isfinite(ends)
+        return cls(
+            int(len(ends)),
+            int(short.sum()),
+            float(ends[short & finite].max()) if (short & finite).any() else float("nan"),
+            float(ends[finite].min()) if finite.any() else float("nan"),
+        )
+
+    def __add__(self, other: Reach) -> Reach:
+        return Reach(
+            self.completed + other.completed,
+            self.short + other.short,
+            float(np.fmax(self.short_end, other.short_end)),
+            float(np.fmin(self.first_end, other.first_end)),
+        )
+
+    def line(self, at_time: float | None) -> str | None:
+        """One line saying how many completed runs stop before ``at_time`` (their regime
+        is NULL) and what to do; None when every one reaches it (or no at_time)."""
+        if at_time is None or not self.short:
+            return None
+        line = (
+            f"analysis.at_time = {at_time:g} lies beyond the last gradient-flow time of "
+            f"{self.short} of {self.completed} completed runs"
+            + (
+                f" (they end by t = {self.short_end:.6g})"
+                if self.short_end == self.short_end
+                else ""
+            )
+            + ": their regime is NULL"
+        )
+        if self.first_end == self.first_end:
+            t = reached_time(self.first_end)
+            line += (
+                f"; every run reaches t = {t}: relaunch the sweep's spec with "
+                f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
+            )
+        return line
 
 
 def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
-    """One line saying how many completed runs stop before ``at_time`` (their regime is
-    NULL) and what to do, or None when every completed run reaches it (or no at_time).
-
-    ``status``, ``final_time``: per run (``runs.status``, ``summaries.final_time``, the
-    gradient-flow time of the last logged finite loss; NaN for a run without one).
-    """
-    if at_time is None:
-        return None
-    done = status == "completed"
-    ends = np.asarray(final_time, dtype=np.float64)[done]
-    short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
-    if not short.any():
-        return None
-    finite = ends[np.isfinite(ends)]
-    end = ends[short & np.isfinite(ends)]
-    line = (
-        f"analysis.at_time = {at_time:g} lies beyond the last gradient-flow time of "
-        f"{int(short.sum())} of {int(done.sum())} completed runs"
-        + (f" (they end by t = {end.max():.6g})" if len(end) else "")
-        + ": their regime is NULL"
-    )
-    if len(finite):
-        t = reached_time(float(finite.min()))
-        line += (
-            f"; every run reaches t = {t}: relaunch the sweep's spec with "
-            f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
-        )
-    return line
+    """:meth:`Reach.line` of the runs given by ``status`` and ``final_time`` (per run:
+    ``runs.status``, ``summaries.final_time``, NaN for a run without a finite loss)."""
+    return None if at_time is None else Reach.of(at_time, status, final_time).line(at_time)
 
 
-def analyze(store, sweep: str) -> dict[str, int]:
+#: What :func:`analyze` keeps of every run for the scaling fits (with FIT_SUMMARY_COLUMNS).
+_FIT_INPUT = ["run_id", "status", "depth", "init_scale", "seed", *FIT_GROUP_COLUMNS]
+_FIT_SCHEMA = pa.schema(
+    [RUNS.field(c) for c in _FIT_INPUT] + [SUMMARIES.field(c) for c in FIT_SUMMARY_COLUMNS]
+)
+
+
+def analyze(
+    store, sweep: str, *, batch_runs: int = BATCH_RUNS, workers: int | None = None
+) -> dict[str, int]:
     """Compute and store ``summaries``, ``plateaus`` and ``scaling_fits`` of ``sweep``.
 
-    ``store`` is a ``storage.Store`` or a URI. Each table's partition for the
-    sweep is replaced whole. Returns the number of rows written per table.
+    ``store`` is a ``storage.Store`` or a URI. Each table's partition for the sweep is
+    replaced whole, once every run is analyzed (an error leaves the old ones). The runs
+    are analyzed ``batch_runs`` at a time (see the module docstring), by ``workers``
+    processes besides this one, which reads and writes (default :func:`default_workers`;
+    a sweep of one batch is analyzed here). Returns the number of rows written per table.
     """
-    from phasesweep.storage import Store, open_catalog
+    from phasesweep.storage._catalog import run_batches
+    from phasesweep.storage._store import as_store
 
-    store = store if isinstance(store, Store) else Store.open(store)
-    con = open_catalog(store)
-    try:
-        tables = analyze_catalog(con, sweep, stored_sweep(store.read_spec(sweep), sweep))
-    finally:
-        con.close()
-    for name, table in tables.items():
-        store.write_analysis(sweep, name, table)
-    return {name: table.num_rows for name, table in tables.items()}
+    store = as_store(store)
+    spec = stored_sweep(store.read_spec(sweep), sweep)
+    cfg = spec.analysis if spec is not None else AnalysisConfig()
+    counts = {"summaries": 0, "plateaus": 0}
+    kept: list[pa.Table] = []
+    reach = Reach()
+    batches = run_batches(
+        store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
+    )
+    with (
+        store.analysis_writer(sweep, "summaries") as write_summaries,
+        store.analysis_writer(sweep, "plateaus") as write_plateaus,
+    ):
+        for summaries, plateaus, fit_input in _summarized(batches, cfg, workers):
+            write_summaries(summaries)
+            write_plateaus(plateaus)
+            if cfg.at_time is not None:
+                status = fit_input["status"].to_numpy(zero_copy_only=False)
+                ends = summaries["final_time"].to_numpy(zero_copy_only=False)
+                reach += Reach.of(cfg.at_time, status, ends)
+            counts["summaries"] += summaries.num_rows
+            counts["plateaus"] += plateaus.num_rows
+            kept.append(fit_input)
+        # in run_id order, as analyze_frames fits them (the slopes' round-off depends on it)
+        every = pa.concat_tables(kept) if kept else None
+        if every is None:
+            every = pd.DataFrame(columns=[*_FIT_INPUT, *FIT_SUMMARY_COLUMNS])
+        else:
+            order = pc.sort_indices(every, [("run_id", "ascending")])
+            every = every.take(order).drop_columns(["run_id"]).to_pandas()
+        fits = compute_fits(every, cfg, fit_group_axes(every, spec))
+    store.write_analysis(sweep, "scaling_fits", to_table("scaling_fits", fits, len(fits)))
+    warning = reach.line(cfg.at_time)
+    if warning:
+        log.warning("sweep %s: %s", sweep, warning)
+    return {**counts, "scaling_fits": len(fits)}
+
+
+def default_workers() -> int:
+    """Processes :func:`analyze` spreads its batches over: two where the machine has two
+    cores or more (each holds about one batch: more would spend memory), else none."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 0
+
+
+def _summarized(batches, cfg: AnalysisConfig, workers: int | None):
+    """:func:`_summarize` of every ``(runs, trajectories)`` batch, in their order: here, or
+    by ``workers`` worker processes (:class:`analysis._workers.Workers`)."""
+    from phasesweep.analysis._workers import Workers
+
+    workers = default_workers() if workers is None else workers
+    batches = iter(batches)
+    first = list(itertools.islice(batches, 2))
+    calls = ((runs, traj, cfg) for runs, traj in itertools.chain(first, batches))
+    if workers < 1 or len(first) < 2:
+        yield from (_summarize(*call) for call in calls)
+        return
+    with Workers(workers) as pool:
+        yield from pool.map(_summarize, calls)
+
+
+def _summarize(
+    runs: pa.Table, traj: pa.Table, cfg: AnalysisConfig
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """One batch: its ``summaries`` and ``plateaus`` rows, and what the scaling fits keep
+    of its runs (``_FIT_INPUT`` and ``FIT_SUMMARY_COLUMNS``)."""
+    frame = runs.select(RUN_COLUMNS).to_pandas()
+    s = ser.from_arrow(traj, TRAJECTORY_COLUMNS, frame["run_id"].to_numpy(object))
+    summaries, plateaus = compute_summaries(frame, s, cfg)
+    fit_input = frame[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS])
+    return (
+        to_table("summaries", summaries, len(summaries)),
+        to_table("plateaus", plateaus, len(plateaus)),
+        pa.Table.from_pandas(fit_input, schema=_FIT_SCHEMA, preserve_index=False),
+    )
 
 
 def _col(df: pd.DataFrame, name: str) -> np.ndarray:

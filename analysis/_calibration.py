@@ -26,7 +26,7 @@ gradient-flow time ``t``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +35,7 @@ from scipy import integrate
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from phasesweep.storage import Store
 
 
 def logged_times(lr: float, steps: int, log_points: int = 100) -> np.ndarray:
@@ -278,4 +279,262 @@ def synthetic_sweep(
         "runs": to_table("runs", runs),
         "trajectories": to_table("trajectories", traj),
         "layers": to_table("layers", layers),
+    }
+
+
+# --------------------------------------------------------------------------- scale sweeps
+
+#: The grid of :func:`scale_sweep_chunks`, outermost axis first; the seed axis, innermost,
+#: sets the size. A chunk holds runs of one (depth, width), as the pipeline packs shapes.
+SCALE_DEPTHS = (2, 3)
+SCALE_WIDTHS = (16, 64, 256, 1024)
+SCALE_INIT_SCALES = tuple(float(a) for a in np.logspace(-3, 0, 16))
+SCALE_POINTS_PER_SEED = len(SCALE_DEPTHS) * len(SCALE_WIDTHS) * len(SCALE_INIT_SCALES)
+#: ``Σ_yx``'s singular values: two modes, so a small init shows two plateaus.
+SCALE_SINGULAR_VALUES = (2.0, 0.5)
+SCALE_LR = 0.05
+#: every this many-th run (by grid index) failed: no trajectory, an error message.
+SCALE_FAIL_EVERY = 9973
+#: logged steps with singular values (``metrics.spectra_budget``): every this many-th.
+SCALE_SPECTRA_EVERY = 10
+#: singular values per list (``metrics.top_k``), and their init bulk relative to α.
+SCALE_BULK = (1.0, 0.8, 0.6, 0.5, 0.4)
+
+_SCALE_CONFIG = (
+    '{{"model":{{"depth":{depth},"width":{width},"activation":"linear","leaky_slope":0.01,'
+    '"bias":false,"parameterization":"standard","init_scale":{alpha!r},"init":"normal",'
+    '"init_norm":"fan_in","layer_scales":null}},"data":{{"kind":"teacher","n_train":64,'
+    '"n_test":256,"input_dim":10,"output_dim":1,"noise_sigma":0.0,"teacher_width":4,'
+    '"whiten":true,"label_noise":0.0,"layout":"random","seed":null}},"train":{{'
+    '"optimizer":"gd","batch_size":null,"lr":{lr!r},"lr_schedule":"constant",'
+    '"steps":{steps},"log_points":{log_points},"seed":{seed},"divergence_factor":1000000.0,'
+    '"dtype":"float64","allow_tf32":false}},"metrics":{{"probe_size":32,"ntk":true,'
+    '"top_k":5,"transversal":true,"spectra":true,"linearized":true,"spectra_budget":0.1}}}}'
+)
+
+
+def scale_sweep_size(n_runs: int) -> tuple[int, int]:
+    """(seeds, runs) of the smallest scale sweep with at least ``n_runs`` runs: whole
+    seeds of :data:`SCALE_POINTS_PER_SEED` points each."""
+    seeds = max(1, -(-int(n_runs) // SCALE_POINTS_PER_SEED))
+    return seeds, seeds * SCALE_POINTS_PER_SEED
+
+
+def scale_sweep_spec(sweep: str, n_runs: int, steps: int = 2000, log_points: int = 100) -> str:
+    """The YAML spec of :func:`scale_sweep_chunks`' sweep (as a launch stores it)."""
+    import yaml
+
+    seeds, _ = scale_sweep_size(n_runs)
+    spec = {
+        "name": sweep,
+        "description": "synthetic scale sweep: closed-form loss curves of whitened linear nets",
+        "model": {"depth": 2, "width": 16, "activation": "linear", "bias": False},
+        "data": {"kind": "teacher", "n_train": 64, "input_dim": 10},
+        "train": {"lr": SCALE_LR, "steps": steps, "log_points": log_points},
+        "grid": {
+            "depth": list(SCALE_DEPTHS),
+            "width": list(SCALE_WIDTHS),
+            "init_scale": {"logspace": [-3, 0, len(SCALE_INIT_SCALES)]},
+            "seed": {"range": [0, seeds]},
+        },
+    }
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def scale_sweep_chunks(
+    sweep: str,
+    n_runs: int,
+    *,
+    runs_per_file: int = 1024,
+    steps: int = 2000,
+    log_points: int = 100,
+) -> Iterator[tuple[str, dict[str, pa.Table]]]:
+    """``(chunk_id, tables)`` of a synthetic sweep of ``scale_sweep_size(n_runs)[1]`` runs,
+    one chunk at a time (memory bounded by one chunk), shaped as a launch writes them.
+
+    The grid is depth × width × init scale α (:data:`SCALE_INIT_SCALES`) × seed; a chunk
+    holds at most ``runs_per_file`` runs of one (depth, width), so the store gets a file
+    per table and chunk, as from a launch. Every run logs the steps of ``log_points`` over
+    ``steps`` steps at lr :data:`SCALE_LR`. Its train loss is the whitened two-layer linear
+    net's closed form (:func:`two_layer_linear_loss`, modes :data:`SCALE_SINGULAR_VALUES`)
+    from the balanced init ``u0 = min(α^depth (1 + 0.1 (seed mod 10)), s_min / 2)``: two
+    plateaus at small α. The trainer's other default metrics are smooth made-up functions
+    of the run's progress ``1 - L/L0`` (``kernel_distance = progress / (1 + α² width / 4)``,
+    ``param_rel_change = progress / (1 + α sqrt(width))``, as :func:`synthetic_sweep`), NULL
+    where the trainer leaves them NULL on teacher data. The largest α diverges at width
+    1024 (half-way; its last loss is infinite); every :data:`SCALE_FAIL_EVERY`-th run failed
+    (no trajectory). ``layers`` has top singular values at every
+    :data:`SCALE_SPECTRA_EVERY`-th logged step and NULL at the others. Run ids are 16 hex
+    digits of a sha256, as real ones.
+    """
+    seeds, _ = scale_sweep_size(n_runs)
+    block = len(SCALE_INIT_SCALES) * seeds  # runs of one (depth, width)
+    shapes = [(d, w) for d in SCALE_DEPTHS for w in SCALE_WIDTHS]
+    for b, (depth, width) in enumerate(shapes):
+        for lo in range(0, block, runs_per_file):
+            local = np.arange(lo, min(lo + runs_per_file, block))
+            tables = _scale_chunk(
+                sweep, b * block + local, local, seeds, depth, width, steps, log_points
+            )
+            yield f"d{depth}-w{width}-{lo // runs_per_file:05d}", tables
+
+
+def write_scale_sweep(store: Store, sweep: str, n_runs: int, **options) -> int:
+    """Write the spec and every chunk of :func:`scale_sweep_chunks` into ``store`` (through
+    ``Store.write_chunk``, as a launch commits them); returns the number of runs.
+    ``options``: those of :func:`scale_sweep_chunks` (``steps`` and ``log_points`` also go
+    into the spec)."""
+    spec_keys = {k: options[k] for k in ("steps", "log_points") if k in options}
+    store.write_spec(sweep, scale_sweep_spec(sweep, n_runs, **spec_keys))
+    for chunk_id, tables in scale_sweep_chunks(sweep, n_runs, **options):
+        store.write_chunk(sweep, chunk_id, tables)
+    return scale_sweep_size(n_runs)[1]
+
+
+def _scale_chunk(
+    sweep: str,
+    index: np.ndarray,
+    local: np.ndarray,
+    seeds: int,
+    depth: int,
+    width: int,
+    steps: int,
+    log_points: int,
+) -> dict[str, pa.Table]:
+    """The tables of one chunk of :func:`scale_sweep_chunks`: grid points ``index``
+    (``local``: their index within the chunk's (depth, width) block)."""
+    import hashlib
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+    from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, to_table
+
+    logged = log_steps(steps, log_points)
+    t = logged * SCALE_LR
+    n, k = len(index), len(logged)
+    alpha = np.asarray(SCALE_INIT_SCALES)[local // seeds][:, None]  # (n, 1)
+    seed = local % seeds
+    ids = [hashlib.sha256(f"{sweep}\n{i}".encode()).hexdigest()[:16] for i in index]
+    failed = index % SCALE_FAIL_EVERY == SCALE_FAIL_EVERY - 1
+    diverged = ~failed & (alpha[:, 0] >= SCALE_INIT_SCALES[-1]) & (width >= 1024)
+    n_rows = np.where(failed, 0, np.where(diverged, k // 2, k))
+    s = np.asarray(SCALE_SINGULAR_VALUES)
+    u0 = np.minimum(alpha**depth * (1 + 0.1 * (seed % 10))[:, None], s.min() / 2)
+    loss = two_layer_linear_loss(t[None, :], s, u0)  # (n, k)
+    last = np.maximum(n_rows - 1, 0)
+    loss[diverged, last[diverged]] = np.inf
+    with np.errstate(invalid="ignore"):
+        progress = np.nan_to_num(np.clip(1 - loss / loss[:, :1], 0, 1), nan=1.0)
+    lazy = 1 / (1 + alpha**2 * width / 4)
+    curves = {
+        "step": np.broadcast_to(logged, (n, k)),
+        "time": np.broadcast_to(t, (n, k)),
+        "train_loss": loss,
+        "test_loss": loss * 1.1 + 1e-3,
+        "param_rel_change": progress / (1 + alpha * np.sqrt(width)),
+        "kernel_distance": progress * lazy,
+        "act_flip_frac": np.zeros((n, k)),
+        "kernel_alignment": 0.3 + 0.6 * progress * lazy,
+        "ntk_eig_min": alpha**2 * (1 + progress),
+        "ntk_eig_max": alpha**2 * width * (1 + progress),
+        "dead_frac": np.zeros((n, k)),
+        "grad_norm": (1 - progress) * np.sqrt(progress + 1e-12),
+        "param_norm": alpha * np.sqrt(width) * (1 + progress),
+        "output_norm": progress,
+        "kernel_rel_change": 2 * progress * lazy,
+        "probe_test_loss": loss * 1.2,
+        "lin_test_loss": loss[:, :1] * np.exp(-(alpha**2) * t),
+        "lin_distance": progress * (1 - lazy),
+    }
+    keep = np.arange(k)[None, :] < n_rows[:, None]  # (n, k): the rows written
+    row_run = np.nonzero(keep)[0]
+    run_ids = pa.array(ids, pa.string())
+    traj = {"run_id": run_ids.take(pa.array(row_run)), **{c: v[keep] for c, v in curves.items()}}
+
+    # layers: `depth` rows per logged row; singular values every SCALE_SPECTRA_EVERY-th step
+    layer_row = np.repeat(np.arange(len(row_run)), depth)
+    layer = np.tile(np.arange(1, depth + 1), len(row_run))
+    lead = (progress * s[0] + u0)[keep][layer_row] ** (1 / depth)
+    a = alpha[row_run[layer_row], 0]
+    bulk = a[:, None] * np.asarray(SCALE_BULK)
+    at_sv = (np.arange(k) % SCALE_SPECTRA_EVERY == 0) | (n_rows[:, None] - 1 == np.arange(k))
+    sv_rows = at_sv[keep][layer_row]
+    top = bulk.copy()
+    top[:, 0] += lead
+    top[~sv_rows] = np.nan
+    delta = lead[:, None] * np.logspace(0, -4, len(SCALE_BULK))
+    delta[~sv_rows] = np.nan
+    fro = np.sqrt(lead**2 + (bulk**2).sum(1))
+    layers = {
+        "run_id": run_ids.take(pa.array(row_run[layer_row])),
+        "step": traj["step"][layer_row],
+        "layer": layer,
+        "fro_norm": fro,
+        "rel_change": lead / fro,
+        "top_sv": top,
+        "stable_rank": fro**2 / (bulk[:, 0] + lead) ** 2,
+        "balance_defect": np.where(
+            layer < depth, 1e-3 * SCALE_LR * traj["time"][layer_row], np.nan
+        ),
+        "delta_top_sv": delta,
+    }
+
+    final = loss[np.arange(n), last]
+    status = np.where(failed, "failed", np.where(diverged, "diverged", "completed"))
+    crossings = {}
+    for c, f in zip(CROSSING_COLUMNS, CROSSING_FRACTIONS):
+        below = keep & (loss < f * loss[:, :1])
+        crossings[c] = np.where(below.any(1), t[np.argmax(below, axis=1)], np.nan)
+    ok = ~failed
+    configs = [
+        _SCALE_CONFIG.format(
+            depth=depth,
+            width=width,
+            alpha=float(al),
+            lr=SCALE_LR,
+            steps=steps,
+            log_points=log_points,
+            seed=int(sd),
+        )
+        for al, sd in zip(alpha[:, 0], seed)
+    ]
+    runs = {
+        "run_id": run_ids,
+        "status": status,
+        "init_scale": alpha[:, 0],
+        "width": np.full(n, width),
+        "depth": np.full(n, depth),
+        "noise_sigma": np.zeros(n),
+        "lr": np.full(n, SCALE_LR),
+        "seed": seed,
+        "activation": ["linear"] * n,
+        "bias": np.zeros(n, dtype=bool),
+        "parameterization": ["standard"] * n,
+        "data_kind": ["teacher"] * n,
+        "steps": np.full(n, steps),
+        "config": configs,
+        "final_train_loss": np.where(ok, final, np.nan),
+        "final_test_loss": np.where(ok, final * 1.1 + 1e-3, np.nan),
+        "wall_seconds": np.full(n, 0.01),
+        "device": ["cpu"] * n,
+        "finished_at": [datetime(2026, 1, 1, tzinfo=timezone.utc)] * n,
+        "input_dim": np.full(n, 10),
+        "n_train": np.full(n, 64),
+        "leaky_slope": np.full(n, 0.01),
+        "optimizer": ["gd"] * n,
+        "initial_train_loss": np.where(ok, loss[:, 0], np.nan),
+        "final_step": pa.array(logged[last], pa.int64(), mask=failed),
+        "final_time": np.where(ok, t[last], np.nan),
+        "init_fro_norms": np.broadcast_to(alpha * np.sqrt(width), (n, depth)).copy(),
+        **crossings,
+        "chunk_size": np.full(n, n),
+        "chunk_wall_seconds": np.full(n, 0.01 * n),
+        "error": np.where(failed, "synthetic failure", None),
+        "torch_threads": np.ones(n, dtype=np.int64),
+        "lr_effective": np.full(n, SCALE_LR),
+    }
+    return {
+        "trajectories": to_table("trajectories", traj),
+        "layers": to_table("layers", layers),
+        "runs": to_table("runs", runs),
     }

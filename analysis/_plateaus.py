@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from phasesweep.analysis._series import Series
-from scipy.signal import find_peaks
+from scipy.signal import find_peaks, peak_prominences
 
 _TINY = 1e-300
 #: contrasts are reported with the plateau rate floored at this fraction of the peak rate.
@@ -89,26 +89,127 @@ def detect_plateaus(
     floor: float = 1e-12,
 ) -> list[Plateau]:
     """Plateaus of one loss curve, in time order (see the module docstring)."""
+    t = np.asarray(t, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    series = Series(
+        run_ids=np.array(["run"], dtype=object),
+        starts=np.array([0]),
+        ends=np.array([len(t)]),
+        time=t[order],
+        values={"loss": np.asarray(loss, dtype=np.float64)[order]},
+    )
+    found = _detect_all(
+        series.select("loss"),
+        "loss",
+        contrast=contrast,
+        min_drop=min_drop,
+        min_duration_ratio=min_duration_ratio,
+        floor=floor,
+    )
+    return dict(found).get(0, [])
+
+
+def _detect_all(
+    s: Series,
+    column: str,
+    *,
+    contrast: float,
+    min_drop: float,
+    min_duration_ratio: float,
+    floor: float,
+    skip: np.ndarray | None = None,
+):
+    """``(run, plateaus)`` of every run of ``s`` (finite rows, sorted by time) that has a
+    plateau, in run order; ``skip``: (R,) bool, runs left out.
+
+    The detector's first stage runs on all runs at once: the rate ``log r`` of every
+    segment (log-loss envelope over time, as :func:`detect_plateaus` describes) and its
+    peaks, found by one ``find_peaks`` over the runs' rates laid end to end with ``+inf``
+    between them (a peak's prominence then stops at its own run's ends, as it would on
+    the run alone). Only runs with a candidate peak go through the per-run selection.
+    """
     if contrast <= 1:
         raise ValueError(f"contrast must exceed 1, got {contrast}")
-    t = np.asarray(t, dtype=np.float64)
-    loss = np.asarray(loss, dtype=np.float64)
-    ok = np.isfinite(t) & np.isfinite(loss)
-    t, loss = t[ok], loss[ok]
-    order = np.argsort(t, kind="stable")
-    t, loss = t[order], loss[order]
-    t, first = np.unique(t, return_index=True)
-    loss = loss[first]
-    if len(t) < 3 or loss[0] <= 0:
-        return []
-    ell = np.log(np.maximum(loss, floor * loss[0]))
-    env = np.minimum.accumulate(ell)
-    rate = (env[:-1] - env[1:]) / np.diff(t)  # >= 0, one per segment
+    time, loss = s.time, s.values[column]
+    run = s.run_index()
+    # one row per distinct time of a run (the first of equal ones)
+    first = np.ones(len(time), dtype=bool)
+    first[1:] = (time[1:] != time[:-1]) | (run[1:] != run[:-1])
+    time, loss, run = time[first], loss[first], run[first]
+    counts = np.bincount(run, minlength=s.n_runs)
+    starts = np.cumsum(counts) - counts
+    ok = counts >= 3
+    ok[ok] = loss[starts[ok]] > 0
+    if skip is not None:
+        ok &= ~skip
+    rows = ok[run]
+    time, loss, run = time[rows], loss[rows], run[rows]
+    if not len(time):
+        return
+    counts = np.bincount(run, minlength=s.n_runs)
+    starts = np.cumsum(counts) - counts
+    loss0 = loss[starts[run]]
+    ell = np.log(np.maximum(loss, floor * loss0))
+    env = pd.Series(ell).groupby(run).cummin().to_numpy()
+    # segments: consecutive rows of a run
+    seg = np.flatnonzero(run[1:] == run[:-1])
+    rate = (env[seg] - env[seg + 1]) / (time[seg + 1] - time[seg])
     log_rate = np.log(np.maximum(rate, _TINY))
-    # The end of training closes a drop still in progress.
-    padded = np.append(log_rate, np.log(_TINY))
-    peaks, props = find_peaks(padded, prominence=np.log(contrast))
+    # laid out per run as [+inf, its segments' log rates..., log(_TINY)]
+    runs_in = np.flatnonzero(counts)
+    n_seg = counts[runs_in] - 1
+    width = n_seg + 2
+    offset = np.cumsum(width) - width  # position of each run's +inf
+    line = np.full(int(width.sum()), np.log(_TINY))
+    line[offset] = np.inf
+    seg_run = np.repeat(np.arange(len(runs_in)), n_seg)
+    seg_start = np.cumsum(n_seg) - n_seg
+    local = np.arange(len(seg)) - seg_start[seg_run]
+    line[offset[seg_run] + 1 + local] = log_rate
+    # find_peaks(line, prominence=log(contrast)) without the +inf peaks, whose prominences
+    # would each take a walk over the whole line
+    peaks, _ = find_peaks(line)
+    peaks = peaks[np.isfinite(line[peaks])]
+    prominence = peak_prominences(line, peaks)[0]
+    strong = prominence >= np.log(contrast)
+    peaks, prominence = peaks[strong], prominence[strong]
+    owner = np.searchsorted(offset, peaks, side="right") - 1
+    bounds = np.searchsorted(owner, np.arange(len(runs_in) + 1))
+    for i in np.flatnonzero(np.diff(bounds)):
+        r = runs_in[i]
+        rows_r = slice(starts[r], starts[r] + counts[r])
+        segs = slice(seg_start[i], seg_start[i] + n_seg[i])
+        found = _select(
+            peaks[bounds[i] : bounds[i + 1]] - offset[i] - 1,
+            prominence[bounds[i] : bounds[i + 1]],
+            log_rate[segs],
+            ell[rows_r],
+            env[rows_r],
+            time[rows_r],
+            contrast=contrast,
+            min_drop=min_drop,
+            min_duration_ratio=min_duration_ratio,
+        )
+        if found:
+            yield r, found
+
+
+def _select(
+    peaks: np.ndarray,
+    prominences: np.ndarray,
+    log_rate: np.ndarray,
+    ell: np.ndarray,
+    env: np.ndarray,
+    t: np.ndarray,
+    *,
+    contrast: float,
+    min_drop: float,
+    min_duration_ratio: float,
+) -> list[Plateau]:
+    """The plateaus of one run from its candidate drops ``peaks`` (segment indices, with
+    their ``prominences``): failing candidates are dropped, weakest first."""
     kept = list(peaks)
+    prom = dict(zip(peaks, prominences))
     final_level = float(np.exp(env[-1]))
     while kept:
         plateaus, drop_times = _plateaus_for(kept, log_rate, ell, env, t, contrast, final_level)
@@ -120,7 +221,6 @@ def detect_plateaus(
         if not failing:
             return plateaus
         # Drop the weakest failing peak; its plateau merges with the next one.
-        prom = dict(zip(peaks, props["prominences"]))
         worst = min(failing, key=lambda i: prom[kept[i]])
         kept.pop(worst)
     return []
@@ -138,29 +238,30 @@ def _plateaus_for(
     """Plateaus ending in the drops ``kept`` (segment indices), and each drop's duration."""
     spans = []
     prev = -1
+    rates = log_rate.tolist()  # scalar reads, as Python floats (the same doubles)
+    log_c = np.log(contrast)
+    dt = np.diff(t)
     for p in kept:
         lo, hi = prev + 1, p - 1  # segments strictly between the previous drop and this one
         v = lo + int(np.argmin(log_rate[lo : hi + 1]))
-        thr = log_rate[p] - np.log(contrast)
+        thr = rates[p] - log_c
         a = b = v
-        while a - 1 >= lo and log_rate[a - 1] <= thr:
+        while a - 1 >= lo and rates[a - 1] <= thr:
             a -= 1
-        while b + 1 <= hi and log_rate[b + 1] <= thr:
+        while b + 1 <= hi and rates[b + 1] <= thr:
             b += 1
         # the drop lasts while the rate stays above thr: until the first slow segment after p
-        slow = np.nonzero(log_rate[p + 1 :] <= thr)[0]
-        drop_end = float(t[p + 1 + slow[0]]) if len(slow) else float(t[-1])
-        level = float(np.exp(ell[a : b + 2].mean()))
-        c = float(np.exp(min(log_rate[p] - log_rate[v], np.log(MAX_CONTRAST))))
-        k_end = p + 1 + slow[0] if len(slow) else len(t) - 1
+        slow = np.flatnonzero(log_rate[p + 1 :] <= thr)
+        k_end = p + 1 + int(slow[0]) if len(slow) else len(t) - 1
+        drop_end = float(t[k_end])
+        level = float(np.exp(ell[a : b + 2].sum() / (b + 2 - a)))
+        c = float(np.exp(min(rates[p] - rates[v], np.log(MAX_CONTRAST))))
         steep = 1.0 - float(np.exp(env[k_end] - env[b + 1]))
         # mean rate over the whole plateau against the mean rate over the core of the drop
         # (its segments within sqrt(contrast) of the peak rate): the steep part's ramps
         # would dilute a short drop between two close saddles
         rate_plateau = (env[a] - env[b + 1]) / (t[b + 1] - t[a])
-        seg = np.arange(b + 1, k_end)
-        core = seg[log_rate[seg] >= log_rate[p] - 0.5 * np.log(contrast)]
-        dt = np.diff(t)
+        core = b + 1 + np.flatnonzero(log_rate[b + 1 : k_end] >= rates[p] - 0.5 * log_c)
         rate_core = (env[core] - env[core + 1]).sum() / max(dt[core].sum(), 1e-300)
         if rate_core < contrast * rate_plateau:
             steep = 0.0  # not an acceleration on average: noise
@@ -202,21 +303,18 @@ def plateau_frame(
     """
     s = series.select(column)
     counts = np.zeros(s.n_runs, dtype=np.int64)
+    if skip is not None:
+        counts[skip] = -1
     rows: list[tuple] = []
-    loss = s.values[column]
-    for r in range(s.n_runs):
-        if skip is not None and skip[r]:
-            counts[r] = -1
-            continue
-        sl = slice(s.starts[r], s.ends[r])
-        found = detect_plateaus(
-            s.time[sl],
-            loss[sl],
-            contrast=contrast,
-            min_drop=min_drop,
-            min_duration_ratio=min_duration_ratio,
-            floor=floor,
-        )
+    for r, found in _detect_all(
+        s,
+        column,
+        contrast=contrast,
+        min_drop=min_drop,
+        min_duration_ratio=min_duration_ratio,
+        floor=floor,
+        skip=skip,
+    ):
         counts[r] = len(found)
         rid = s.run_ids[r]
         rows.extend(

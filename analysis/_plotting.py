@@ -30,8 +30,9 @@ from phasesweep.analysis._phase import AXES
 from phasesweep.analysis._style import save
 from phasesweep.analysis.config import PlotSpec, StoredSweep, stored_sweep
 from phasesweep.analysis.figures import Context, Unavailable
-from phasesweep.analysis.figures._kind import Y_PREFERENCE
+from phasesweep.analysis.figures._kind import Y_PREFERENCE, Levels
 from phasesweep.storage import sql_condition
+from phasesweep.storage._catalog import sql_string
 from phasesweep.storage._store import as_store
 
 from phasesweep._config import SpecError
@@ -39,23 +40,42 @@ from phasesweep._config import SpecError
 log = logging.getLogger(__name__)
 
 
-def swept_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
-    """The runs columns the sweep varies (not seed), in grid order when a spec is known."""
+def swept_axes(levels: dict[str, Levels] | pd.DataFrame, spec: StoredSweep | None) -> list[str]:
+    """The runs columns the sweep varies (not seed), in grid order when a spec is known;
+    ``levels``: their :class:`Levels` (or a frame of the runs)."""
+    if isinstance(levels, pd.DataFrame):
+        varies = [a for a in levels if levels[a].nunique(dropna=True) > 1]
+    else:
+        varies = [a for a, level in levels.items() if level.varies]
     if spec is not None:
-        axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in runs]
-        axes = [a for a in axes if runs[a].nunique(dropna=True) > 1]
+        axes = [a for a in spec.grid_axes if a in AXES and a != "seed" and a in varies]
         if axes:
             return axes
-    cands = ["init_scale", *Y_PREFERENCE]
-    return [a for a in cands if a in runs and runs[a].nunique(dropna=True) > 1]
+    return [a for a in ["init_scale", *Y_PREFERENCE] if a in varies]
 
 
-def context(con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None) -> Context:
-    """The sweep as the figures see it (its runs read once); ``ValueError`` if it has none."""
-    runs = con.execute("SELECT * FROM runs WHERE sweep = ?", [sweep]).df()
-    if runs.empty:
+def context(
+    con: duckdb.DuckDBPyConnection, sweep: str, spec: StoredSweep | None, store=None
+) -> Context:
+    """The sweep as the figures see it: the range of each axis it may sweep (one aggregate
+    over its runs); ``ValueError`` if it has none. ``store``: the ``storage.Store`` ``con``
+    reads, if any."""
+    have = set(con.sql("SELECT * FROM runs LIMIT 0").columns)
+    fallback = ["init_scale", *Y_PREFERENCE]
+    grid = [a for a in spec.grid_axes if a in AXES] if spec is not None else fallback
+    count, levels = _levels(con, sweep, [a for a in dict.fromkeys([*grid, "seed"]) if a in have])
+    if not count:
         raise ValueError(f"sweep {sweep!r} has no runs in the store")
-    return Context(con, sweep, spec, runs, swept_axes(runs, spec))
+    if not any(levels[a].varies for a in grid if a in levels and a != "seed"):
+        levels |= _levels(con, sweep, [a for a in fallback if a in have and a not in levels])[1]
+    return Context(con, sweep, spec, levels, swept_axes(levels, spec), store=store)
+
+
+def _levels(con: duckdb.DuckDBPyConnection, sweep: str, cols: list[str]):
+    """(runs of ``sweep``, the :class:`Levels` of each of the runs columns ``cols``)."""
+    stats = "".join(f", min({a}), max({a})" for a in cols)
+    row = con.execute(f"SELECT count(*){stats} FROM runs WHERE sweep = ?", [sweep]).fetchone()
+    return row[0], {a: Levels(*row[1 + 2 * i : 3 + 2 * i]) for i, a in enumerate(cols)}
 
 
 def default_plots(ctx: Context) -> list[PlotSpec]:
@@ -79,9 +99,9 @@ def check(p: PlotSpec, index: int, ctx: Context | None = None) -> None:
         except ValueError as e:
             raise SpecError(f"{key}.where", p.where, str(e)) from None
     if p.where and ctx is not None:
-        try:
-            ctx.con.execute(
-                f"SELECT count(*) FROM runs WHERE sweep = ? AND ({p.where})", [ctx.sweep]
+        try:  # bound, not run: a relation is built lazily, a bad name fails here
+            ctx.con.sql(
+                f"SELECT run_id FROM runs WHERE sweep = {sql_string(ctx.sweep)} AND ({p.where})"
             )
         except duckdb.Error as e:
             raise SpecError(f"{key}.where", p.where, str(e).splitlines()[0]) from None
@@ -167,7 +187,7 @@ def default_out_dir(store, sweep: str) -> Path:
 def open_sweep(store, sweep: str) -> Iterator[Context]:
     """The sweep's :class:`Context` over one catalog connection, analyzing it first if it has
     no summaries yet (the connection is then reopened once, to see the new tables)."""
-    from phasesweep.analysis._analyze import analyze_catalog
+    from phasesweep.analysis._analyze import analyze
     from phasesweep.storage import open_catalog
 
     text = store.read_spec(sweep)
@@ -176,11 +196,10 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
     try:
         n = con.execute("SELECT count(*) FROM summaries WHERE sweep = ?", [sweep]).fetchone()[0]
         if n == 0:
-            for name, table in analyze_catalog(con, sweep, spec).items():
-                store.write_analysis(sweep, name, table)
             con.close()
+            analyze(store, sweep)
             con = open_catalog(store)
-        ctx = context(con, sweep, spec)
+        ctx = context(con, sweep, spec, store)
         ctx.spec_text = text
         yield ctx
     finally:

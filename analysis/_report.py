@@ -26,9 +26,9 @@ from typing import Any
 import jinja2
 import numpy as np
 import pandas as pd
-from phasesweep.analysis._analyze import unreached
+from phasesweep.analysis._analyze import Reach
 from phasesweep.analysis._style import fmt
-from phasesweep.analysis.config import AnalysisConfig
+from phasesweep.analysis.config import REACH_RTOL, AnalysisConfig
 from phasesweep.storage._catalog import sql_string
 from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
@@ -387,20 +387,15 @@ def provenance(
     import phasesweep
 
     argv = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
+    # one pass over the runs (the view's window over all of them is the cost at scale)
     row = con.execute(
         "SELECT sum(wall_seconds), "
         "epoch(max(finished_at)) - min(epoch(finished_at) - coalesce(chunk_wall_seconds, "
-        "wall_seconds, 0)) FROM runs WHERE sweep = ?",
+        "wall_seconds, 0)), list(DISTINCT device ORDER BY device) FILTER (device IS NOT NULL), "
+        "list(DISTINCT node_id ORDER BY node_id) FILTER (node_id IS NOT NULL) "
+        "FROM runs WHERE sweep = ?",
         [sweep],
     ).fetchone()
-    devices = con.execute(
-        "SELECT DISTINCT device FROM runs WHERE sweep = ? AND device IS NOT NULL ORDER BY 1",
-        [sweep],
-    ).fetchall()
-    nodes = con.execute(
-        "SELECT DISTINCT node_id FROM runs WHERE sweep = ? AND node_id IS NOT NULL ORDER BY 1",
-        [sweep],
-    ).fetchall()
     return Provenance(
         version=phasesweep.__version__,
         commit=code_commit(),
@@ -408,8 +403,8 @@ def provenance(
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         wall_seconds=None if row[0] is None else float(row[0]),
         span_seconds=None if row[1] is None else float(row[1]),
-        devices=tuple(r[0] for r in devices),
-        nodes=tuple(r[0] for r in nodes),
+        devices=tuple(row[2] or ()),
+        nodes=tuple(row[3] or ()),
         launch=launch,
     )
 
@@ -521,25 +516,18 @@ def report_html(
     )
 
 
-def regime_note(
-    status: np.ndarray, final_time: np.ndarray, none: np.ndarray, at_time: float | None
-) -> str:
-    """Why runs have no regime, in one paragraph (empty when every run has one).
-
-    Per run of the sweep: ``status``, ``final_time`` (``summaries.final_time``: the time of
-    its last finite loss, NaN if none) and ``none`` (no regime)."""
-    if not none.any():
+def regime_note(none: int, failed: int, short: str | None) -> str:
+    """Why runs have no regime, in one paragraph (empty when every run has one): ``none``
+    runs have none, ``failed`` of them failed, ``short``: what :meth:`analysis._analyze.
+    Reach.line` says of the runs that stop before ``analysis.at_time``."""
+    if not none:
         return ""
-    parts = []
-    failed = int((none & (status == "failed")).sum())
-    if failed:
-        parts.append(f"{failed} failed (no trajectory)")
-    short = unreached(at_time, status, final_time)
+    parts = [f"{failed} failed (no trajectory)"] if failed else []
     if short:
         parts.append(short)
     if not parts:
         parts.append("their loss or order parameter is not finite where the regime is read")
-    return f"(none): {int(none.sum())} runs have no regime: " + "; ".join(parts) + "."
+    return f"(none): {none} runs have no regime: " + "; ".join(parts) + "."
 
 
 def report(
@@ -571,14 +559,24 @@ def report(
     with open_sweep(store, sweep) as ctx:
         rendered = render_all(ctx, out)
         con = ctx.con
-        status = ctx.df(
-            "SELECT status, count(*) AS runs FROM runs WHERE sweep = ? GROUP BY status "
-            "ORDER BY runs DESC, status"
-        )
-        regimes = ctx.df(
-            "SELECT coalesce(s.regime, '(none)') AS regime, count(*) AS runs "
+        # one pass over the runs (the view's window over all of them is the cost at scale):
+        # the counts by status and regime, and how the completed runs reach at_time
+        reach_at = (ctx.cfg.at_time or 0.0) * (1.0 - REACH_RTOL)
+        short = "NOT coalesce(s.final_time >= ?, false)"
+        counts = con.execute(
+            "SELECT r.status, coalesce(s.regime, '(none)') AS regime, count(*) AS runs, "
+            f"count(*) FILTER (WHERE {short}) AS short, "
+            f"max(s.final_time) FILTER (WHERE {short}) AS short_end, "
+            "min(s.final_time) AS first_end "
             "FROM runs r LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            "WHERE r.sweep = ? GROUP BY 1 ORDER BY runs DESC, regime"
+            "WHERE r.sweep = ? GROUP BY ALL",
+            [reach_at, reach_at, sweep],
+        ).df()
+        status, regimes = (
+            counts.groupby(key, as_index=False, dropna=False)["runs"]
+            .sum()
+            .sort_values(["runs", key], ascending=[False, True], ignore_index=True)
+            for key in ("status", "regime")
         )
         plateau_counts = ctx.df(
             "SELECT n_plateaus AS plateaus, count(*) AS runs FROM summaries "
@@ -589,10 +587,6 @@ def report(
         if len(fits) and fits["slope"].isna().any():
             keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
             fit_stats = con.execute(fit_stats_sql(sweep, ctx.cfg, keys)).df()
-        why = ctx.df(
-            "SELECT r.status, s.final_time, s.regime IS NULL AS none FROM runs r "
-            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id WHERE r.sweep = ?"
-        )
         refined = boundaries_frame(con, sweep)
         prov = provenance(con, sweep, command, launch)
         spec, spec_text, cfg = ctx.spec, ctx.spec_text, ctx.cfg
@@ -618,10 +612,13 @@ def report(
         provenance=prov,
         boundaries=refined,
         regime_note=regime_note(
-            why["status"].to_numpy(dtype=object),
-            why["final_time"].to_numpy(dtype=float, na_value=np.nan),
-            why["none"].to_numpy(dtype=bool),
-            cfg.at_time,
+            int(counts.loc[counts["regime"] == "(none)", "runs"].sum()),
+            int(
+                counts.loc[
+                    (counts["regime"] == "(none)") & (counts["status"] == "failed"), "runs"
+                ].sum()
+            ),
+            _reach(counts).line(cfg.at_time),
         ),
         fit_stats=fit_stats,
         cfg=cfg,
@@ -630,3 +627,14 @@ def report(
     if out_dir is None and not store.is_local:
         upload(store, sweep, [page])
     return page
+
+
+def _reach(counts: pd.DataFrame) -> Reach:
+    """The :class:`analysis._analyze.Reach` of the report's counts by status and regime."""
+    done = counts[counts["status"] == "completed"]
+    return Reach(
+        int(done["runs"].sum()),
+        int(done["short"].sum()),
+        float(done["short_end"].max()) if done["short_end"].notna().any() else float("nan"),
+        float(done["first_end"].min()) if done["first_end"].notna().any() else float("nan"),
+    )

@@ -113,14 +113,13 @@ def fit_group(
     seed = np.asarray(seed)
     per_seed = []
     used = np.zeros(len(xs), dtype=bool)
-    for s in pd.unique(seed[ok]):
-        m = ok & (seed == s)
+    for m in _by_seed(seed, ok):
         a = init_scale[m]
         if len(np.unique(a)) < 2 or np.log10(a.max() / a.min()) < min_decades - 1e-9:
             continue
         slope, intercept = np.polyfit(xs[m], ys[m], 1)
         per_seed.append((slope, intercept, m))
-        used |= m
+        used[m] = True
     out = {
         "slope": None,
         "intercept": None,
@@ -147,12 +146,22 @@ def fit_group(
     elif len(per_seed) == 1:
         slope, intercept, m = per_seed[0]
         out |= {"slope": float(slope), "intercept": float(intercept)}
-        n = int(m.sum())
+        n = len(m)
         if n >= 3:
             res = stats.linregress(xs[m], ys[m])
             half = float(stats.t.ppf(0.5 + confidence / 2, n - 2) * res.stderr)
             out |= {"ci_low": slope - half, "ci_high": slope + half, "ci_method": "ols_t"}
     return out
+
+
+def _by_seed(seed: np.ndarray, ok: np.ndarray) -> list[np.ndarray]:
+    """Indices of the ``ok`` points of each seed (ascending), seeds in order of first
+    appearance: one sort, where a mask per seed would cost seeds x points."""
+    idx = np.flatnonzero(ok)
+    codes, _ = pd.factorize(seed[idx])  # a NULL seed (-1) is no seed: left out
+    idx, codes = idx[codes >= 0], codes[codes >= 0]
+    order = np.argsort(codes, kind="stable")
+    return np.split(idx[order], np.flatnonzero(np.diff(codes[order])) + 1) if len(idx) else []
 
 
 def fit_scaling(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from phasesweep.analysis.config import REACH_RTOL
 
 
@@ -38,10 +40,13 @@ class Series:
         return np.repeat(np.arange(self.n_runs), self.lengths)
 
     def select(self, column: str) -> Series:
-        """Only the rows where ``column`` and ``time`` are finite (per-run slices recomputed)."""
+        """``column`` alone, on the rows where it and ``time`` are finite (per-run slices
+        recomputed)."""
         keep = np.isfinite(self.values[column]) & np.isfinite(self.time)
         if keep.all():
-            return self
+            return Series(
+                self.run_ids, self.starts, self.ends, self.time, {column: self.values[column]}
+            )
         counts = segment_sum(keep.astype(np.int64), self.starts, self.ends)
         ends = np.cumsum(counts)
         return Series(
@@ -49,7 +54,7 @@ class Series:
             starts=ends - counts,
             ends=ends,
             time=self.time[keep],
-            values={k: v[keep] for k, v in self.values.items()},
+            values={column: self.values[column][keep]},
         )
 
     def run(self, r: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -61,26 +66,54 @@ def from_frame(df: pd.DataFrame, columns: list[str], run_ids: np.ndarray | None 
     """Pack a long frame with ``run_id``, ``time`` and ``columns`` into a :class:`Series`.
 
     ``run_ids``: the runs (and their order) to include; runs without rows get an
-    empty slice. Default: the runs present in ``df``, sorted.
+    empty slice. Default: the runs present in ``df``, sorted. Rows of a run are sorted by
+    time, then by ``step`` where the frame has it (else kept in their order).
     """
-    df = df.sort_values(["run_id", "time"], kind="stable")
     present = df["run_id"].to_numpy(dtype=object)
     if run_ids is None:
-        run_ids = pd.unique(present)
+        run_ids = np.sort(pd.unique(present))
     run_ids = np.asarray(run_ids, dtype=object)
-    codes = pd.Categorical(present, categories=run_ids).codes
-    keep = codes >= 0
-    order = np.argsort(codes[keep], kind="stable")
-    codes = codes[keep][order]
-    counts = np.bincount(codes, minlength=len(run_ids)).astype(np.int64)
+    codes = pd.Categorical(present, categories=run_ids).codes.astype(np.int64)
+    return _pack(run_ids, codes, {c: _floats(df[c]) for c in {"time", "step", *columns} & {*df}})
+
+
+def from_arrow(table: pa.Table, columns: list[str], run_ids: np.ndarray) -> Series:
+    """:func:`from_frame` of an Arrow table (``run_id``, ``time``, ``columns`` and maybe
+    ``step``) for the runs ``run_ids``, without converting it to pandas."""
+    run_ids = np.asarray(run_ids, dtype=object)
+    found = pc.index_in(table["run_id"], value_set=pa.array(run_ids, pa.string()))
+    codes = pc.fill_null(found, -1).to_numpy().astype(np.int64)
+    wanted = {"time", "step", *columns} & set(table.column_names)
+    return _pack(run_ids, codes, {c: _floats(table[c]) for c in wanted})
+
+
+def _floats(values: pd.Series | pa.ChunkedArray) -> np.ndarray:
+    """A column as float64 numpy, NULL as NaN."""
+    if isinstance(values, pd.Series):
+        return values.to_numpy(dtype=np.float64, na_value=np.nan)
+    return pc.fill_null(values.cast(pa.float64()), np.nan).to_numpy()
+
+
+def _pack(run_ids: np.ndarray, codes: np.ndarray, columns: dict[str, np.ndarray]) -> Series:
+    """The :class:`Series` of rows whose run is ``run_ids[codes]`` (-1: left out), sorted by
+    run, time and ``step`` (if given; else ties keep their order)."""
+    keep = np.flatnonzero(codes >= 0)
+    order = keep[np.argsort(codes[keep], kind="stable")]
+    time = columns["time"][order]
+    same_run = codes[order][1:] == codes[order][:-1]
+    if not (time[1:] > time[:-1])[same_run].all():  # else already sorted (as a run logs)
+        keys = [columns["time"][keep], codes[keep]]
+        if "step" in columns:
+            keys.insert(0, columns["step"][keep])
+        order = keep[np.lexsort(keys)]
+    counts = np.bincount(codes[order], minlength=len(run_ids)).astype(np.int64)
     ends = np.cumsum(counts)
-    values = {c: df[c].to_numpy(dtype=np.float64, na_value=np.nan)[keep][order] for c in columns}
     return Series(
         run_ids=run_ids,
         starts=ends - counts,
         ends=ends,
-        time=df["time"].to_numpy(dtype=np.float64, na_value=np.nan)[keep][order],
-        values=values,
+        time=columns["time"][order],
+        values={c: v[order] for c, v in columns.items() if c not in ("time", "step")},
     )
 
 

@@ -15,6 +15,9 @@ columns that older files lack are NULL. ``attempt`` stays visible for debugging.
   attempt)`` is in ``runs``: rows of an attempt that died before its commit, or
   of a duplicate commit, are never seen.
 
+:func:`run_batches` reads a sweep's runs and their trajectories as these views show
+them, a batch of runs at a time, for work too large to read whole (``analyze``).
+
 The catalog is a snapshot: the file lists are taken when it is opened (``runs``
 first, so every run it shows has all of its rows, then the others, then ``runs``
 again: if that changed, a compaction removed files meanwhile and the lists are
@@ -25,11 +28,18 @@ costs its own rows, never the other files' or another sweep's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import atexit
+import functools
+import shutil
+import tempfile
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from phasesweep.storage import schema
 from phasesweep.storage._manifest import manifest_table
 from phasesweep.storage._store import Store, as_store
@@ -61,6 +71,20 @@ SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt =
 }
 
 
+#: DuckDB's memory on a catalog connection: with Python, Arrow and the result, a query of
+#: a 10⁶-run store stays within ~2 GiB (``SELECT * FROM runs LIMIT 5`` took 1.8 GB without:
+#: the runs view's window carries every column).
+MEMORY_LIMIT = "1GiB"
+
+
+@functools.cache
+def spill_directory() -> str:
+    """A folder of this process (mode 0700, removed at exit) for DuckDB's spilled data."""
+    path = tempfile.mkdtemp(prefix="phasesweep-duckdb-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
     """A new in-memory DuckDB connection whose SQL can read the local files ``paths`` and no
     other file.
@@ -70,6 +94,9 @@ def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
     temporary file beside them); scans of Python variables are off; and nothing can
     change that (``lock_configuration``). In-memory tables may still be created.
 
+    Its memory is bounded (:data:`MEMORY_LIMIT`); sorts, joins and windows that need more
+    spill to a private temporary folder of this process (:func:`spill_directory`).
+
     DuckDB has no read-only permission for a file: a ``COPY ... TO`` or ``ATTACH``
     *statement* naming one of ``paths`` could write over it. So SQL from outside never
     reaches such a connection unchecked: ``run_query`` takes one read-only statement
@@ -77,6 +104,9 @@ def locked_connection(paths: Sequence[str] = ()) -> duckdb.DuckDBPyConnection:
     anything that could end the statement they go into.
     """
     con = duckdb.connect(config={"python_enable_replacements": False})
+    # bounded memory: what a query's sorts, joins and windows need beyond it spills
+    con.execute("SET memory_limit = ?", [MEMORY_LIMIT])
+    con.execute("SET temp_directory = ?", [spill_directory()])
     # allowed_paths can only be set once the database is started, and before the lock
     con.execute("SET allowed_paths = ?", [list(paths)])
     con.execute("SET enable_external_access = false")
@@ -214,13 +244,155 @@ def tables_read(sql: str) -> set[str]:
     """The store tables (``runs``, …, ``manifest``) whose files ``sql`` reads through the
     views it names (from DuckDB's parser; nothing is bound or run). A damaged file of
     any other table cannot change its answer."""
-    with duckdb.connect() as con:
-        names = {n.lower() for n in con.get_table_names(sql)}
+    try:
+        with duckdb.connect() as con:
+            names = {n.lower() for n in con.get_table_names(sql)}
+    except duckdb.Error:  # its binder refuses some queries it could read (a USING join)
+        names = {_token(sql, start).lower() for start, kind in duckdb.tokenize(sql)}
     views = names & {*_TABLES, "manifest"}
     return views.union(*(_READS.get(v, ()) for v in views))
+
+
+def _token(sql: str, start: int) -> str:
+    """The word of ``sql`` that starts at ``start`` (a token's offset)."""
+    end = start
+    while end < len(sql) and (sql[end].isalnum() or sql[end] == "_"):
+        end += 1
+    return sql[start:end]
 
 
 def sql_string(text: str) -> str:
     """``text`` as an SQL string literal (single quotes, inner ones doubled): the one
     quoting of values into the SQL that phasesweep writes (DuckDB's standard SQL)."""
     return "'" + text.replace("'", "''") + "'"
+
+
+def run_batches(
+    store: Store | str | None,
+    sweep: str,
+    run_columns: Sequence[str],
+    trajectory_columns: Sequence[str],
+    batch_runs: int,
+) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """``(runs, trajectories)`` of ``sweep``, at most ``batch_runs`` runs at a time: the rows
+    the ``runs`` view shows (``run_id``, ``attempt`` and ``run_columns``) and, of those runs,
+    the rows the ``trajectories`` view shows (``run_id`` and ``trajectory_columns``, in no
+    particular order). Every run is in exactly one batch; the batches follow
+    ``(attempt, run_id)``.
+
+    Memory holds the ``runs`` rows asked for and one batch of trajectories, whatever the
+    sweep's size: each batch reads only the files that may hold its runs' attempts (by
+    their footers' statistics: one file per chunk attempt, a range of runs of a compacted
+    one), and of those only the row groups that may hold its runs. The files are one
+    snapshot (:func:`snapshot`); a compaction that removes them meanwhile makes the read
+    fail (run it again).
+    """
+    store = as_store(store)
+    if batch_runs < 1:
+        raise ValueError(f"batch_runs must be at least 1, got {batch_runs}")
+    files = snapshot(store, sweep, ("trajectories",))
+    con = catalog_connection(store, {"runs": files["runs"]})
+    try:
+        columns = ", ".join(f'"{c}"' for c in dict.fromkeys(["run_id", "attempt", *run_columns]))
+        runs = con.sql(
+            f"SELECT {columns} FROM runs WHERE sweep = ? ORDER BY attempt, run_id", params=[sweep]
+        ).to_arrow_table()
+    finally:
+        con.close()
+    index = ChunkFiles(store, "trajectories", files["trajectories"])
+    wanted = ["run_id", *trajectory_columns]
+    for start in range(0, runs.num_rows, batch_runs):
+        # buffers of its own: a slice would hold (and pickle) the whole sweep's strings
+        batch = runs.take(pa.array(range(start, min(start + batch_runs, runs.num_rows))))
+        yield batch, index.rows(batch.select(["run_id", "attempt"]), wanted)
+
+
+@dataclass(frozen=True)
+class _FileRange:
+    """One Parquet file and the (min, max) of its ``attempt`` and ``run_id`` (None: unknown)."""
+
+    path: str
+    attempt: tuple[str, str] | None
+    run_id: tuple[str, str] | None
+
+
+class ChunkFiles:
+    """The files of a chunk table (``trajectories``, ``layers``), found by the attempts and
+    runs they may hold, from their footers' statistics: a launch writes one file per chunk
+    attempt, a compaction files of one attempt each holding a range of run ids. Reads the
+    rows of given runs without scanning the table (:meth:`rows`)."""
+
+    #: footers read at once from an object store
+    THREADS = 16
+
+    def __init__(self, store: Store, table: str, paths: Sequence[str]):
+        self.store = store
+        self.schema = schema.CHUNK_TABLES[table]
+        workers = 1 if store.is_local else self.THREADS
+        with ThreadPoolExecutor(workers) as pool:
+            ranges = [f for f in pool.map(self._range, paths) if f is not None]
+        self.by_attempt: dict[str, list[_FileRange]] = {}
+        self.mixed: list[_FileRange] = []  # files of several (or unknown) attempts
+        for f in ranges:
+            if f.attempt is not None and f.attempt[0] == f.attempt[1]:
+                self.by_attempt.setdefault(f.attempt[0], []).append(f)
+            else:
+                self.mixed.append(f)
+
+    def _range(self, path: str) -> _FileRange | None:
+        """The file's ranges; None for a file without rows."""
+        meta = pq.read_metadata(path, filesystem=self.store.arrow_fs)
+        if meta.num_rows == 0:
+            return None
+        return _FileRange(path, _min_max(meta, "attempt"), _min_max(meta, "run_id"))
+
+    def rows(self, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
+        """The rows (``columns``, in no particular order) whose ``(run_id, attempt)`` is a
+        row of ``keys``: per attempt, the rows of its runs in the files that may hold them,
+        of which only the row groups whose statistics may hold them are read."""
+        columns = list(columns)
+        parts = [self.schema.empty_table().select(columns)]
+        by_attempt = keys.group_by("attempt").aggregate([("run_id", "list")]).to_pydict()
+        for attempt, run_ids in zip(by_attempt["attempt"], by_attempt["run_id_list"], strict=True):
+            lo, hi = min(run_ids), max(run_ids)
+            files = self.by_attempt.get(attempt, []) + [
+                f for f in self.mixed if _overlaps(f.attempt, attempt, attempt)
+            ]
+            paths = [f.path for f in files if _overlaps(f.run_id, lo, hi)]
+            if not paths:
+                continue
+            run_id = ds.field("run_id")
+            dataset = ds.dataset(
+                paths, schema=self.schema, format="parquet", filesystem=self.store.arrow_fs
+            )
+            parts.append(
+                dataset.to_table(
+                    columns=columns,
+                    filter=(ds.field("attempt") == attempt)
+                    & (run_id >= lo)
+                    & (run_id <= hi)
+                    & run_id.isin(run_ids),
+                )
+            )
+        return pa.concat_tables(parts)
+
+
+def _min_max(meta: pq.FileMetaData, column: str) -> tuple[str, str] | None:
+    """(min, max) of a string column over a file's row groups, from its footer; None where
+    a row group has no statistics (or the file lacks the column)."""
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if column not in names:
+        return None
+    j = names.index(column)
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(j).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return (min(lows), max(highs)) if lows else None
+
+
+def _overlaps(span: tuple[str, str] | None, lo: str, hi: str) -> bool:
+    return span is None or (span[0] <= hi and span[1] >= lo)

@@ -22,7 +22,7 @@ import re
 import struct
 import uuid
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from phasesweep.storage import schema
 from phasesweep.storage._manifest import check_entry, encode_entry, manifest_entry, sort_entries
-from phasesweep.storage._writer import parquet_bytes, put_atomic
+from phasesweep.storage._writer import ParquetStream, atomic_file, parquet_bytes, put_atomic
 
 from phasesweep._config import SWEEP_NAME
 
@@ -420,15 +420,34 @@ class Store:
         cast like in ``write_chunk`` and may be empty. The partition is a single
         file replaced in one step, so readers see the old rows or the new ones.
         On object stores a reader that is in the middle of reading the old file
-        when it is replaced may fail and has to retry.
+        when it is replaced may fail and has to retry. A partition too large for
+        memory is written piece by piece with :meth:`analysis_writer`.
         """
+        self._analysis_path(sweep, name)
+        table = schema.to_table(name, table, complete=True)  # before anything is written
+        with self.analysis_writer(sweep, name) as write:
+            write(table)
+
+    @contextlib.contextmanager
+    def analysis_writer(self, sweep: str, name: str) -> Iterator[Callable[[pa.Table], None]]:
+        """``write_analysis`` of the tables given, in order, to the function this yields:
+        each is validated and written as it comes (memory holds one row group), and the
+        partition is replaced, atomically, when the block ends. An error inside the block
+        leaves the old partition as it was and no file behind."""
+        path = self._analysis_path(sweep, name)
+        with (
+            atomic_file(self.fs, path, root=self.root) as f,
+            ParquetStream(f, schema.ANALYSIS_TABLES[name]) as out,
+        ):
+            yield lambda table: out.write(schema.to_table(name, table, complete=True))
+
+    def _analysis_path(self, sweep: str, name: str) -> str:
         check_sweep(sweep)
         if name not in schema.ANALYSIS_TABLES:
             raise ValueError(
                 f"unknown analysis table {name!r}; known: {list(schema.ANALYSIS_TABLES)}"
             )
-        table = schema.to_table(name, table, complete=True)
-        self.put(f"{self.table_dir(name)}/sweep={sweep}/data.parquet", parquet_bytes(table))
+        return f"{self.table_dir(name)}/sweep={sweep}/data.parquet"
 
     def write_spec(self, sweep: str, text: str) -> None:
         """Store the sweep's YAML spec as launched (UTF-8), replacing an earlier one."""

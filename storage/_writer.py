@@ -14,6 +14,10 @@ A reader (DuckDB glob, ``Store.files``) must never see a half-written file:
 - object stores: the whole object is uploaded in one PUT (s3fs switches to a
   multipart upload above its block size; S3 makes that object visible only when
   the upload completes), so there is no partial object to see.
+
+A file too large to hold in memory is written through :func:`atomic_file` (the same
+publication, from a file written piece by piece), a Parquet one with
+:class:`ParquetStream`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ import errno
 import math
 import os
 import stat
+import tempfile
 import uuid
+from collections.abc import Iterator
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,20 +49,93 @@ def parquet_bytes(table: pa.Table) -> bytes:
     """
     n_groups = max(1, math.ceil(table.num_rows / MAX_ROW_GROUP))
     sink = pa.BufferOutputStream()
-    floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
-    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
     pq.write_table(
         table,
         sink,
-        compression="zstd",
         row_group_size=max(1, math.ceil(table.num_rows / n_groups)),
-        write_statistics=True,
-        # Measurements don't repeat: dictionaries only pay for the (few, long) strings,
-        # and byte-stream-split floats encode ~2.5x faster and compress better.
-        use_dictionary=strings,
-        column_encoding=dict.fromkeys(floats, "BYTE_STREAM_SPLIT"),
+        **_encoding(table.schema),
     )
     return sink.getvalue().to_pybytes()
+
+
+def _encoding(schema: pa.Schema) -> dict:
+    """The Parquet writer's settings for a table of ``schema``: zstd, statistics on."""
+    floats = [f.name for f in schema if pa.types.is_floating(f.type)]
+    strings = [f.name for f in schema if pa.types.is_string(f.type)]
+    return {
+        "compression": "zstd",
+        "write_statistics": True,
+        # Measurements don't repeat: dictionaries only pay for the (few, long) strings,
+        # and byte-stream-split floats encode ~2.5x faster and compress better.
+        "use_dictionary": strings,
+        "column_encoding": dict.fromkeys(floats, "BYTE_STREAM_SPLIT"),
+    }
+
+
+#: Rows a :class:`ParquetStream` gathers into one row group.
+STREAM_ROW_GROUP = 131_072
+
+
+class ParquetStream:
+    """A Parquet file of ``schema`` written table by table into ``file`` (the settings of
+    :func:`parquet_bytes`): rows are gathered into row groups of
+    :data:`STREAM_ROW_GROUP`, so memory holds one row group, whatever the file's size.
+    A context manager: leaving the block writes the footer (also after an error, so that
+    the file object can be closed; :func:`atomic_file` then discards it)."""
+
+    def __init__(self, file: BinaryIO, schema: pa.Schema, row_group: int | None = None):
+        self._writer = pq.ParquetWriter(file, schema, **_encoding(schema))
+        self._schema = schema
+        self._row_group = row_group or STREAM_ROW_GROUP
+        self._pending: list[pa.Table] = []
+        self._rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table``'s rows (its schema must be the file's)."""
+        if not table.schema.equals(self._schema):
+            raise ValueError(f"table of schema {table.schema} written to a file of {self._schema}")
+        self._pending.append(table)
+        self._rows += table.num_rows
+        if self._rows >= self._row_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            rows = pa.concat_tables(self._pending)
+            self._writer.write_table(rows, row_group_size=max(self._row_group, rows.num_rows))
+        self._pending, self._rows = [], 0
+
+    def __enter__(self) -> ParquetStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self._flush()
+        finally:
+            self._writer.close()
+
+
+@contextlib.contextmanager
+def atomic_file(
+    fs: AbstractFileSystem, path: str, *, root: str | None = None
+) -> Iterator[BinaryIO]:
+    """A binary file to write; when the block ends without an error its bytes replace
+    ``path`` on ``fs`` as :func:`put_atomic` does (readers see the old file or all of the
+    new one); on an error they are thrown away and ``path`` is left as it was.
+
+    Local file systems: a hidden temp file beside ``path`` (``root``: as in
+    :func:`put_atomic`), fsynced and renamed. Object stores: a local temp file, then
+    uploaded as one object (``fs.put_file``; S3 shows a multipart upload only once it
+    completes). Memory holds none of it: for files too large to build in memory."""
+    if isinstance(fs, LocalFileSystem):
+        with _local_atomic(path, root) as f:
+            yield f
+        return
+    with tempfile.NamedTemporaryFile(suffix=".tmp") as f:
+        yield f
+        f.flush()
+        fs.put_file(f.name, path)
 
 
 class UnsafePathError(PermissionError):
@@ -107,6 +187,13 @@ def safe_output_path(root: str | os.PathLike[str], name: str) -> str:
 
 
 def _put_local(path: str, data: bytes, root: str | None) -> None:
+    with _local_atomic(path, root) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def _local_atomic(path: str, root: str | None) -> Iterator[BinaryIO]:
+    """The local case of :func:`atomic_file` (see the module docstring)."""
     directory, name = os.path.split(os.path.abspath(path))
     dir_fd = _open_dir_inside(os.path.abspath(root) if root else directory, directory)
     try:
@@ -117,7 +204,7 @@ def _put_local(path: str, data: bytes, root: str | None) -> None:
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd
             )
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                yield f
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

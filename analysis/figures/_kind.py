@@ -11,11 +11,15 @@ its caption for the report. A figure that cannot be drawn raises
 from __future__ import annotations
 
 import textwrap
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from matplotlib import pyplot as plt
 from matplotlib import ticker as mticker
 from matplotlib.axes import Axes
@@ -36,23 +40,43 @@ class Unavailable(Exception):
     """This figure cannot be drawn from this sweep's data; ``str(e)`` says why, in one line."""
 
 
+@dataclass(frozen=True)
+class Levels:
+    """The values a ``runs`` column takes in a sweep: the smallest and the largest (None
+    where it is NULL in every run)."""
+
+    low: Any
+    high: Any
+
+    @property
+    def varies(self) -> bool:
+        """Whether the column takes more than one value (NULL aside)."""
+        return self.low is not None and self.low != self.high
+
+
 @dataclass
 class Context:
-    """One sweep as the figures see it: an open catalog, the stored spec, its runs.
+    """One sweep as the figures see it: an open catalog, the stored spec, its runs' axes.
 
     Built once per ``plot``/``report`` call (:func:`analysis._plotting.context`) and
     passed to every figure, so the catalog is opened and the spec loaded once.
-    ``axes``: the swept ``runs`` columns besides the seed, in grid order.
+    ``levels``: the values of every runs axis (:data:`analysis._phase.AXES`) in the sweep;
+    ``axes``: the swept ones besides the seed, in grid order. Nothing here grows with the
+    number of runs: figures aggregate in SQL and draw bounded samples (:meth:`sample`).
     """
 
     con: Any  # duckdb.DuckDBPyConnection
     sweep: str
     spec: StoredSweep | None
-    runs: pd.DataFrame
+    levels: dict[str, Levels]
     axes: list[str]
     #: the spec as stored (YAML text), where the context was made from a store.
     spec_text: str | None = None
+    #: the store (a ``storage.Store``), where the context was made from one: chunk rows of
+    #: given runs are then read from their attempts' files (:meth:`chunk_rows`).
+    store: Any = None
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
+    _files: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def cfg(self) -> AnalysisConfig:
@@ -67,6 +91,102 @@ class Context:
     def df(self, sql: str, params: list | None = None) -> pd.DataFrame:
         """Rows of ``sql``; its first ``?`` is this sweep, then ``params``."""
         return self.con.execute(sql, [self.sweep, *(params or [])]).df()
+
+    def chunk_rows(self, table: str, runs: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+        """``run_id`` and ``columns`` of the rows of chunk table ``table`` (``trajectories``,
+        ``layers``) that belong to ``runs`` (``run_id``, ``attempt``: rows of the ``runs``
+        view), in no particular order. With a store, only their attempts' files are read
+        (``storage._catalog.ChunkFiles``, listed once per table); else the catalog's view."""
+        wanted = ["run_id", *columns]
+        if self.store is None:
+            cols = ", ".join(f'"{c}"' for c in wanted)
+            return self.df(
+                f"SELECT {cols} FROM {table} WHERE sweep = ? "
+                "AND run_id IN (SELECT unnest(?::VARCHAR[]))",
+                [runs["run_id"].tolist()],
+            )
+        from phasesweep.storage._catalog import ChunkFiles
+
+        if table not in self._files:
+            paths = self.store.readable_files(table, self.sweep)
+            self._files[table] = ChunkFiles(self.store, table, paths)
+        keys = pa.table({c: pa.array(runs[c].tolist(), pa.string()) for c in ("run_id", "attempt")})
+        return self._files[table].rows(keys, wanted).to_pandas()
+
+    def any_value(self, table: str, column: str) -> bool:
+        """Whether ``column`` of chunk table ``table`` holds a value (not NULL) for some run
+        of the sweep. With a store, from the files' footers (the null count of each row
+        group; a file without statistics is read); else one query of the view. (A file
+        of an attempt that never committed counts too: a spec's metrics are the same for
+        every chunk.)"""
+        if self.store is None:
+            found = f"SELECT 1 FROM {table} WHERE sweep = ? AND {column} IS NOT NULL LIMIT 1"
+            return bool(self.count(f"SELECT count(*) FROM ({found})"))
+        import pyarrow.parquet as pq
+
+        fs = self.store.arrow_fs
+        for path in self.store.readable_files(table, self.sweep):
+            meta = pq.read_metadata(path, filesystem=fs)
+            leaves = [
+                i
+                for i in range(meta.num_columns)
+                if meta.schema.column(i).path.split(".")[0] == column
+            ]
+            for g in range(meta.num_row_groups):
+                for i in leaves:
+                    chunk = meta.row_group(g).column(i)
+                    stats = chunk.statistics
+                    if stats is None or not stats.has_null_count:
+                        values = pq.read_table(path, columns=[column], filesystem=fs)[column]
+                        if values.null_count < len(values):
+                            return True
+                    elif stats.null_count < chunk.num_values:
+                        return True
+        return False
+
+    @contextmanager
+    def materialized(self, select: str, params: list | None = None) -> Iterator[str]:
+        """The name of a temporary table of the rows of ``select`` (its first ``?`` is this
+        sweep, then ``params``), dropped after the block: for a figure that reads one
+        selection twice (an aggregate and a sample), so that the views (``runs``: one
+        window over every run) are evaluated once."""
+        name = f"_figure_rows_{uuid.uuid4().hex[:12]}"
+        self.con.execute(f"CREATE TEMP TABLE {name} AS {select}", [self.sweep, *(params or [])])
+        try:
+            yield name
+        finally:
+            self.con.execute(f"DROP TABLE IF EXISTS {name}")
+
+    def sample(
+        self, select: str, strata: list[str | None], limit: int, params: list | None = None
+    ) -> tuple[pd.DataFrame, int]:
+        """A sample of at most about ``limit`` rows of ``select`` (SQL with a ``run_id``
+        column and the ``strata`` columns; ``params``: its parameters), and how many rows it
+        has. The same rows every time (the smallest ``hash(run_id)``), spread evenly over
+        the values of ``strata[0]`` (each keeps ``limit / values`` rows, at least one) and,
+        within each, taken in turn from the values of ``strata[1:]`` (None entries are left
+        out; column names of ``select``'s rows, unquoted)."""
+        strata = list(dict.fromkeys(c for c in strata if c))
+        outer, inner = _partition(strata[:1]), _partition(strata)
+        first = strata[0] if strata else "1"
+        rows = self.con.execute(
+            f"WITH sel AS MATERIALIZED (SELECT *, hash(run_id) AS _h FROM ({select})), "
+            f"n AS (SELECT count(*) AS _total, greatest(count(DISTINCT {first}), 1) AS _groups "
+            "FROM sel), "
+            f"ranked AS (SELECT *, row_number() OVER ({inner}ORDER BY _h, run_id) AS _k "
+            "FROM sel), "
+            f"spread AS (SELECT *, row_number() OVER ({outer}ORDER BY _k, _h, run_id) AS _j "
+            "FROM ranked) "
+            "SELECT spread.* EXCLUDE (_h, _k, _j), n._total FROM spread, n "
+            "WHERE _j <= greatest(1, ? // n._groups) ORDER BY run_id",
+            [*(params or []), int(limit)],
+        ).df()
+        total = int(rows["_total"].iloc[0]) if len(rows) else 0
+        return rows.drop(columns="_total"), total
+
+
+def _partition(columns: list[str]) -> str:
+    return f"PARTITION BY {', '.join(columns)} " if columns else ""
 
 
 class FigureKind:
@@ -136,17 +256,15 @@ def fixed_where(ctx: Context, free: set[str], where: str | None = None) -> str |
     value, joined with the user's ``where``. Axes the user's ``where`` names stay as given."""
     if where is not None:
         return where
-    runs = ctx.runs
     conds = []
-    if "seed" not in free and "seed" in runs and runs["seed"].notna().any():
-        conds.append(f"seed = {int(runs['seed'].min())}")
+    seed = ctx.levels.get("seed")
+    if "seed" not in free and seed is not None and seed.low is not None:
+        conds.append(f"seed = {int(seed.low)}")
     for a in ctx.axes:
-        if a in free or a not in runs:
+        level = ctx.levels.get(a)
+        if a in free or level is None or level.low is None:
             continue
-        vals = runs[a].dropna()
-        if vals.empty:
-            continue
-        v = vals.max() if a in ("width", "n_train") else sorted(vals.unique())[0]
+        v = level.high if a in ("width", "n_train") else level.low
         conds.append(f"{a} = {literal(v)}")
     return " AND ".join(conds) or None
 
@@ -167,8 +285,20 @@ def in_runs(where: str | None) -> str:
     return f"run_id IN (SELECT run_id FROM runs WHERE {cond})"
 
 
+def selected_runs(where: str | None) -> str:
+    """A subquery of the sweep's ``runs`` rows matching ``where`` (its one ``?`` is the
+    sweep): a relation to join, in which ``where`` reads the runs' own columns."""
+    cond = f" AND ({sql_condition(where)})" if where else ""
+    return f"(SELECT * FROM runs WHERE sweep = ?{cond})"
+
+
 def subtitle(where: str | None) -> str:
     return f" [{where}]" if where else ""
+
+
+def sample_note(shown: int, total: int) -> str:
+    """What a figure that draws a sample of its runs adds to its title ("" if it draws all)."""
+    return f" — {shown:,} of {total:,} runs shown (a fixed sample)" if shown < total else ""
 
 
 # --------------------------------------------------------------------------- drawing

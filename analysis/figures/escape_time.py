@@ -26,7 +26,8 @@ from phasesweep.analysis.figures._kind import (
     grid_shape,
     hide_unused,
     hue_colors,
-    in_runs,
+    sample_note,
+    selected_runs,
     sorted_values,
     subtitle,
 )
@@ -34,9 +35,29 @@ from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 from phasesweep._config import SpecError
 
+#: at most about this many runs are drawn as dots; more are sampled (``Context.sample``).
+MAX_DOTS = 2000
 
-def _geo_center(a: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    return float(np.exp(np.mean(np.log(a)))), float(np.exp(np.mean(np.log(t))))
+#: The aggregate of the escape times of a group of runs (one colour, panel, fit group and
+#: init scale; the groups of the figure's query also split what ``fit_mask`` reads):
+#: ``n`` runs with a positive escape time, ``sum_log`` of their logs, ``lo``/``hi`` the
+#: smallest and largest, ``in_fit`` whether they enter the scaling fit.
+GROUP_COLUMNS = ("n", "sum_log", "lo", "hi", "in_fit")
+
+
+def escape_groups(points: pd.DataFrame) -> pd.DataFrame:
+    """``points`` (runs with a positive escape time) as groups of one run each (see
+    :data:`GROUP_COLUMNS`): for a figure of a frame of runs."""
+    t = points["escape_time"].to_numpy(dtype=float)
+    in_fit = points.get("in_fit", True)
+    return points.assign(n=1, sum_log=np.log(t), lo=t, hi=t, in_fit=in_fit)
+
+
+def _geo_center(groups: pd.DataFrame) -> tuple[float, float]:
+    """Geometric means of the init scales and escape times of the runs of ``groups``."""
+    n = groups["n"].sum()
+    log_a = (groups["n"] * np.log(groups["init_scale"])).sum() / n
+    return float(np.exp(log_a)), float(np.exp(groups["sum_log"].sum() / n))
 
 
 def matching_fits(fits: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -82,21 +103,26 @@ def _clipped(spans: list[tuple[float, float]], lo: float, hi: float) -> list[np.
     return out
 
 
-def _draw_group(ax, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict) -> list[str]:
-    """Points, fits and theory guide of one colour group; returns its legend text.
+def _draw_group(
+    ax, dots: pd.DataFrame, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict
+) -> list[str]:
+    """Dots, markers, fits and theory guide of one colour group (``g``: its groups of
+    runs, :data:`GROUP_COLUMNS`); returns its legend text.
 
     Lines (fits, theory guide) are drawn over :func:`fitted_spans` only."""
-    ax.scatter(g["init_scale"], g["escape_time"], s=9, color=c, alpha=0.35, lw=0)
+    ax.scatter(dots["init_scale"], dots["escape_time"], s=9, color=c, alpha=0.35, lw=0)
     agg = (
         g.groupby("init_scale")
         .agg(
-            gm=("escape_time", lambda v: float(np.exp(np.log(v).mean()))),
-            lo=("escape_time", "min"),
-            hi=("escape_time", "max"),
+            n=("n", "sum"),
+            sum_log=("sum_log", "sum"),
+            lo=("lo", "min"),
+            hi=("hi", "max"),
             in_fit=("in_fit", "all"),
         )
         .reset_index()
     )
+    agg["gm"] = np.exp(agg["sum_log"] / agg["n"])
     for in_fit, a in agg.groupby("in_fit"):
         drawn["hollow"] |= not in_fit
         ax.errorbar(
@@ -146,7 +172,7 @@ def _draw_group(ax, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict) -> list
             t_c = law[0] * a_c ** law[1]
         else:
             near = g[g["in_fit"] & g["init_scale"].between(a[0], a[-1])]
-            t_c = _geo_center(near["init_scale"].to_numpy(), near["escape_time"].to_numpy())[1]
+            t_c = _geo_center(near)[1]
         shape = (a / a_c) ** (-(d - 2)) if d >= 3 else np.log(1 / a) / np.log(1 / a_c)
         ax.plot(a, t_c * shape, color=c, lw=1.3, ls=":")
     drawn["theory"] = True
@@ -161,6 +187,7 @@ def escape_time_figure(
     facet: str | None = None,
     title: str | None = None,
     ax: Axes | None = None,
+    groups: pd.DataFrame | None = None,
 ) -> Figure:
     """Escape time vs init scale on log axes, one colour per ``hue``, a panel per ``facet``.
 
@@ -174,15 +201,22 @@ def escape_time_figure(
     (L >= 3) and, for L = 2, the shape t ∝ log(1/α), drawn through the middle of the
     fitted law (or of the fitted points): guides to the slope, not predictions of the
     level. Every line covers only :func:`fitted_spans`: adjacent fitted init scales.
+
+    ``groups``: the markers', fits' and guides' data as aggregates of groups of runs
+    (:data:`GROUP_COLUMNS`, with ``init_scale``, ``hue``, ``facet`` and the fit-group
+    columns), where ``points`` are only the dots drawn (a sample); default: every point
+    its own group (:func:`escape_groups`).
     """
     et = points["escape_time"].to_numpy(dtype=float, na_value=np.nan)
     pts = points[np.isfinite(et) & (et > 0)].copy()
-    if "in_fit" not in pts:
-        pts["in_fit"] = True
-    if hue not in pts:
-        pts[hue] = "all"
-    colors = hue_colors(pts[hue])
-    facets = [None] if facet is None else sorted_values(pts[facet])
+    if groups is None:
+        groups = escape_groups(pts)
+    groups = groups[groups["n"] > 0].copy()
+    for frame in (pts, groups):
+        if hue not in frame:
+            frame[hue] = "all"
+    colors = hue_colors(groups[hue])
+    facets = [None] if facet is None else sorted_values(groups[facet])
     fits = fits if fits is not None else pd.DataFrame(columns=["depth", "x", "slope"])
     drawn = {"hollow": False, "theory": False}
     with style.theme():
@@ -191,12 +225,14 @@ def escape_time_figure(
         handles = []
         for k, fv in enumerate(facets):
             a = axes.ravel()[k]
-            sub = pts if fv is None else pts[pts[facet] == fv]
+            sub = groups if fv is None else groups[groups[facet] == fv]
+            dots = pts if fv is None else pts[pts[facet] == fv]
             for h, c in colors.items():
                 g = sub[sub[hue] == h]
                 if g.empty:
                     continue
-                text = _draw_group(a, g, matching_fits(fits, g), c, drawn)
+                d = dots[dots[hue] == h]
+                text = _draw_group(a, d, g, matching_fits(fits, g), c, drawn)
                 name = f"{short_label(hue)} {fmt(h)}"
                 if fv is not None:
                     name = f"{short_label(facet)} {fmt(fv)}, {name}"
@@ -264,30 +300,56 @@ class EscapeTime(FigureKind):
             raise SpecError(f"{key}.x", p.x, "escape times are drawn against init_scale")
 
     def query(self, p: PlotSpec, ctx: Context) -> dict:
-        cols = ", ".join(
-            f"r.{c}" for c in dict.fromkeys(("depth", *FIT_GROUP_COLUMNS, p.hue, p.facet)) if c
-        )
-        pts = ctx.df(
-            f"SELECT r.run_id, r.status, r.init_scale, r.seed, {cols}, s.escape_time, "
-            "s.regime, s.n_plateaus "
-            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)}",
-            [ctx.sweep],
-        )
-        if pts.empty:
-            raise Unavailable("no completed run with a summary (run analyze)")
-        if pts["escape_time"].notna().sum() == 0:
-            raise Unavailable("no run escaped (escape_time is NULL for every completed run)")
         from phasesweep.analysis._analyze import fit_mask
 
-        pts["in_fit"] = fit_mask(pts, ctx.cfg)
+        names = [c for c in dict.fromkeys(("depth", *FIT_GROUP_COLUMNS, p.hue, p.facet)) if c]
+        axes = ", ".join(names)
+        completed = (
+            f"SELECT r.run_id, {', '.join(f'r.{a}' for a in names)}, r.init_scale, "
+            "r.status, s.regime, s.n_plateaus, s.escape_time "
+            f"FROM {selected_runs(p.where)} AS r JOIN summaries AS s "
+            "ON s.sweep = r.sweep AND s.run_id = r.run_id WHERE r.status = 'completed'"
+        )
+        positive = "FILTER (WHERE escape_time > 0)"
+        with ctx.materialized(completed) as rows:
+            groups = ctx.con.execute(
+                f"SELECT {axes}, init_scale, status, regime, n_plateaus, "
+                f"count(escape_time) AS n_escaped, count(*) {positive} AS n, "
+                f"sum(ln(escape_time)) {positive} AS sum_log, "
+                f"min(escape_time) {positive} AS lo, max(escape_time) {positive} AS hi "
+                f"FROM {rows} GROUP BY ALL"
+            ).df()
+            dots, total = ctx.sample(
+                f"SELECT run_id, {axes}, init_scale, escape_time FROM {rows} WHERE escape_time > 0",
+                [p.facet, p.hue, "init_scale"],
+                MAX_DOTS,
+            )
+        if groups.empty:
+            raise Unavailable("no completed run with a summary (run analyze)")
+        if groups["n_escaped"].sum() == 0:
+            raise Unavailable("no run escaped (escape_time is NULL for every completed run)")
+        # a group's runs share what fit_mask reads; `lo` stands for their escape times
+        groups["in_fit"] = fit_mask(groups.assign(escape_time=groups["lo"]), ctx.cfg)
         fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
-        return {"points": pts, "fits": fits, "eps": ctx.cfg.escape_eps}
+        return {
+            "points": dots,
+            "groups": groups,
+            "fits": fits,
+            "eps": ctx.cfg.escape_eps,
+            "shown": (len(dots), total),
+        }
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         cfg_eps = data.get("eps")
         what = f"t where L = L0 − {cfg_eps:g}(L0 − L_end)" if cfg_eps else "escape time"
         title = p.title or f"Escape time vs init scale ({what}){subtitle(p.where)}"
+        title += sample_note(*data.get("shown", (0, 0)))
         return escape_time_figure(
-            data["points"], data["fits"], hue=p.hue, facet=p.facet, title=title, ax=ax
+            data["points"],
+            data["fits"],
+            hue=p.hue,
+            facet=p.facet,
+            title=title,
+            ax=ax,
+            groups=data.get("groups"),
         )

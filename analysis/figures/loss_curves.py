@@ -24,13 +24,16 @@ from phasesweep.analysis.figures._kind import (
     grid_shape,
     hide_unused,
     hue_colors,
-    in_runs,
+    sample_note,
     sorted_values,
     subtitle,
 )
+from phasesweep.storage import sql_condition
 
 #: at most this many hue values get a legend of their own colours; more get a colour bar.
 MAX_LEGEND_HUES = 8
+#: at most about this many runs' curves are drawn; more are sampled (``Context.sample``).
+MAX_CURVES = 200
 
 
 def hue_scale(values: pd.Series, hue: str):
@@ -165,24 +168,28 @@ class LossCurves(FigureKind):
 
     def query(self, p: PlotSpec, ctx: Context) -> dict:
         cols = ", ".join(dict.fromkeys(c for c in ("status", p.hue, p.facet) if c))
-        runs = ctx.df(
-            f"SELECT run_id, {cols} FROM runs WHERE sweep = ? AND {in_runs(p.where)}", [ctx.sweep]
+        where = f" AND ({sql_condition(p.where)})" if p.where else ""
+        runs, total = ctx.sample(
+            f"SELECT run_id, attempt, {cols} FROM runs WHERE sweep = ?{where}",
+            [p.facet, p.hue],
+            MAX_CURVES,
+            [ctx.sweep],
         )
         if runs.empty:
             raise Unavailable(f"no runs match where = {p.where!r}")
-        traj = ctx.df(
-            "SELECT run_id, time, train_loss FROM trajectories "
-            f"WHERE sweep = ? AND {in_runs(p.where)} AND train_loss IS NOT NULL "
-            "ORDER BY run_id, time",
-            [ctx.sweep],
-        )
+        traj = ctx.chunk_rows("trajectories", runs, ["time", "train_loss"])
+        traj = traj[traj["train_loss"].notna()].sort_values(["run_id", "time"], ignore_index=True)
         if traj.empty:
             raise Unavailable("the selected runs have no logged train loss")
-        pl = ctx.df(f"SELECT * FROM plateaus WHERE sweep = ? AND {in_runs(p.where)}", [ctx.sweep])
-        return {"traj": traj, "runs": runs, "plateaus": pl}
+        pl = ctx.df(
+            "SELECT * FROM plateaus WHERE sweep = ? AND run_id IN (SELECT unnest(?::VARCHAR[]))",
+            [runs["run_id"].tolist()],
+        )
+        return {"traj": traj, "runs": runs, "plateaus": pl, "shown": (len(runs), total)}
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         title = p.title or f"Train loss vs gradient-flow time{subtitle(p.where)}"
+        title += sample_note(*data.get("shown", (0, 0)))
         return loss_curves_figure(
             data["traj"],
             data["runs"],

@@ -24,8 +24,8 @@ from phasesweep.analysis.figures._kind import (
     finish,
     first_free,
     fixed_where,
-    in_runs,
     plain_log_labels,
+    selected_runs,
     subtitle,
 )
 
@@ -139,6 +139,44 @@ def singular_values_figure(
         )
 
 
+def _pick(p: PlotSpec, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run each facet value shows, and its ``layers`` rows with singular values.
+
+    The completed runs matching ``where``, per facet value in order of preference (the
+    smallest init scale that escaped a saddle, else the smallest, deepest first): the
+    first that has singular values. The candidates' layers are read a few runs at a time
+    (:meth:`Context.chunk_rows`), never the whole table."""
+    part = f"PARTITION BY r.{p.facet} " if p.facet else ""
+    extra = f", r.{p.facet}" if p.facet and p.facet not in _RUN_AXES else ""
+    facet = f"r.{p.facet}" if p.facet else "NULL"
+    checked: set[str] = set()
+    found = [pd.DataFrame(columns=["run_id", "step", "layer", "top_sv", "delta_top_sv"])]
+    limit = 4
+    while True:
+        cands = ctx.df(
+            "SELECT * FROM (SELECT r.run_id, r.attempt, r.init_scale, r.depth, r.width, "
+            f"r.seed{extra}, coalesce(s.n_plateaus, 0) AS n_plateaus, {facet} AS _facet, "
+            f"row_number() OVER ({part}"
+            "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
+            f"r.run_id) AS k FROM {selected_runs(p.where)} AS r "
+            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            "WHERE r.status = 'completed') WHERE k <= ? ORDER BY k, run_id",
+            [limit],
+        )
+        new = cands[~cands["run_id"].isin(checked)]
+        rows = ctx.chunk_rows("layers", new, ["step", "layer", "top_sv", "delta_top_sv"])
+        found.append(rows[rows["top_sv"].notna()])
+        checked.update(new["run_id"])
+        with_sv = cands[cands["run_id"].isin(set(pd.concat(found)["run_id"]))]
+        pick = with_sv.groupby("_facet", dropna=False, sort=True).head(1)
+        exhausted = cands.groupby("_facet", dropna=False).size() < limit
+        missing = set(cands["_facet"].unique()) - set(pick["_facet"].unique())
+        if all(exhausted.get(f, True) for f in missing):
+            layers = pd.concat(found, ignore_index=True)
+            return pick.reset_index(drop=True), layers[layers["run_id"].isin(set(pick["run_id"]))]
+        limit *= 4
+
+
 class SingularValues(FigureKind):
     kind = "singular_values"
     order = 40
@@ -150,8 +188,7 @@ class SingularValues(FigureKind):
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:
-        has = ctx.count("SELECT count(*) FROM layers WHERE sweep = ? AND top_sv IS NOT NULL")
-        return PlotSpec(kind=self.kind) if has else None
+        return PlotSpec(kind=self.kind) if ctx.any_value("layers", "top_sv") else None
 
     def resolve(self, p: PlotSpec, ctx: Context) -> PlotSpec:
         facet = p.facet or first_free(ctx, ("depth",), {"init_scale"}, p.where)
@@ -159,43 +196,23 @@ class SingularValues(FigureKind):
         return p.model_copy(update={"facet": facet, "where": where})
 
     def query(self, p: PlotSpec, ctx: Context) -> dict:
-        part = f"PARTITION BY r.{p.facet} " if p.facet else ""
-        extra = f", r.{p.facet}" if p.facet and p.facet not in _RUN_AXES else ""
-        pick = ctx.df(
-            f"SELECT * EXCLUDE (k) FROM (SELECT r.run_id, r.init_scale, r.depth, r.width, "
-            f"r.seed{extra}, coalesce(s.n_plateaus, 0) AS n_plateaus, row_number() OVER ({part}"
-            # the smallest init that escaped a saddle (else the smallest init), deepest first
-            "ORDER BY coalesce(s.n_plateaus, 0) >= 1 DESC, r.init_scale ASC, r.depth DESC, "
-            "r.run_id) AS k FROM runs r "
-            "LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)} "
-            "AND r.run_id IN (SELECT run_id FROM layers WHERE sweep = ? AND top_sv IS NOT NULL)"
-            ") WHERE k = 1",
-            [ctx.sweep, ctx.sweep],
-        )
+        pick, layers = _pick(p, ctx)
         if pick.empty:
             raise Unavailable(
                 "no completed run with singular values (metrics.spectra off, or no run matches "
                 f"where = {p.where!r})"
             )
-        ids = pick["run_id"].tolist()
-        marks = ", ".join("?" * len(ids))
-        layers = ctx.df(
-            "SELECT l.run_id, l.layer, t.time, l.top_sv, l.delta_top_sv FROM layers l "
-            "JOIN trajectories t ON t.sweep = l.sweep AND t.run_id = l.run_id AND t.step = l.step "
-            f"WHERE l.sweep = ? AND l.top_sv IS NOT NULL AND l.run_id IN ({marks}) "
-            "ORDER BY l.run_id, l.layer, t.time",
-            ids,
-        )
-        layers = layers.merge(pick, on="run_id")
+        times = ctx.chunk_rows("trajectories", pick, ["step", "time"])
+        pick = pick.drop(columns=["attempt", "_facet", "k"])
+        layers = layers.merge(times, on=["run_id", "step"]).merge(pick, on="run_id")
+        layers = layers.sort_values(["run_id", "layer", "time"], ignore_index=True)
+        layers = layers[["run_id", "layer", "time", "top_sv", "delta_top_sv", *pick.columns[1:]]]
         if not (layers["time"] > 0).any():
             raise Unavailable("singular values were recorded at step 0 only")
-        logged = ctx.df(
-            "SELECT count(*) FROM trajectories WHERE sweep = ? AND time > 0 AND run_id = ?",
-            [ids[0]],
-        ).iloc[0, 0]
-        with_sv = layers[(layers["run_id"] == ids[0]) & (layers["time"] > 0)]["time"].nunique()
-        return {"layers": layers, "runs": pick, "coverage": (int(with_sv), int(logged))}
+        first = pick["run_id"].iloc[0]
+        logged = int(((times["run_id"] == first) & (times["time"] > 0)).sum())
+        with_sv = layers[(layers["run_id"] == first) & (layers["time"] > 0)]["time"].nunique()
+        return {"layers": layers, "runs": pick, "coverage": (int(with_sv), logged)}
 
     def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         runs = data["runs"]

@@ -25,8 +25,9 @@ from phasesweep.analysis.figures._kind import (
     grid_shape,
     hide_unused,
     hue_colors,
-    in_runs,
     plain_log_labels,
+    sample_note,
+    selected_runs,
     sorted_values,
     subtitle,
 )
@@ -46,6 +47,20 @@ def _scale(ax: Axes, values: np.ndarray, axis: str) -> bool:
     return True
 
 
+#: at most about this many runs are drawn as dots; more are sampled (``Context.sample``).
+MAX_DOTS = 2000
+
+
+def transversal_cells(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per value of ``keys`` (the figure's facet, hue and x): the ``median``, ``min`` and
+    ``max`` of the final transversal variation of ``df``'s runs and its smallest positive
+    value (``min_pos``), as the figure's query computes them in SQL."""
+    g = df.groupby(keys, dropna=False)[_Y]
+    cells = g.agg(["median", "min", "max"])
+    cells["min_pos"] = df[_Y].where(df[_Y] > 0).groupby([df[k] for k in keys], dropna=False).min()
+    return cells.reset_index()
+
+
 def transversal_figure(
     df: pd.DataFrame,
     *,
@@ -54,33 +69,41 @@ def transversal_figure(
     facet: str | None = None,
     title: str | None = None,
     ax: Axes | None = None,
+    cells: pd.DataFrame | None = None,
 ) -> Figure:
     """Final transversal variation vs ``x``, one colour per ``hue``, a panel per ``facet``.
 
     ``df``: one row per run with ``x``, ``hue`` (+ ``facet``) and
     ``final_transversal_grad_sq`` (NULL rows are skipped). Markers: median over
     seeds; bars: min–max over seeds; small dots: single seeds. Axes are log where
-    every value is positive, symlog where 0 occurs (σ = 0).
+    every value is positive, symlog where 0 occurs (σ = 0). ``cells``: the markers'
+    data (:func:`transversal_cells` of all runs) where ``df`` holds only the dots drawn
+    (a sample); default: those of ``df``.
     """
     y = df[_Y].to_numpy(dtype=float, na_value=np.nan)
     d = df[np.isfinite(y)].copy()
     if hue not in d:
         d[hue] = "all"
-    colors = hue_colors(d[hue])
-    facets = [None] if facet is None else sorted_values(d[facet])
-    xs = d[x].to_numpy(dtype=float)
-    yv = d[_Y].to_numpy(dtype=float)
+    keys = list(dict.fromkeys(k for k in (facet, hue, x) if k))
+    cells = transversal_cells(d, keys) if cells is None else cells.copy()
+    if hue not in cells:
+        cells[hue] = "all"
+    colors = hue_colors(cells[hue])
+    facets = [None] if facet is None else sorted_values(cells[facet])
+    xs = cells[x].to_numpy(dtype=float)
+    yv = cells[["min", "max", "min_pos"]].to_numpy(dtype=float, na_value=np.nan).ravel()
     with style.theme():
         nr, nc = grid_shape(len(facets))
         fig, axes = canvas(ax, nr, nc, (5.6 * nc + 1.2, 4.2 * nr + 1.2), sharey=True)
         for k, fv in enumerate(facets):
             a = axes.ravel()[k]
-            sub = d if fv is None else d[d[facet] == fv]
+            sub = cells if fv is None else cells[cells[facet] == fv]
+            dots = d if fv is None else d[d[facet] == fv]
             for h, c in colors.items():
-                g = sub[sub[hue] == h]
-                if g.empty:
+                agg = sub[sub[hue] == h].sort_values(x)
+                if agg.empty:
                     continue
-                agg = g.groupby(x)[_Y].agg(["median", "min", "max"]).reset_index()
+                g = dots[dots[hue] == h]
                 a.scatter(g[x], g[_Y], s=10, alpha=0.35, color=c, lw=0)
                 a.errorbar(
                     agg[x],
@@ -142,20 +165,35 @@ class Transversal(FigureKind):
         where = fixed_where(ctx, {x, hue, facet, "seed"}, p.where)
         return p.model_copy(update={"x": x, "hue": hue, "facet": facet, "where": where})
 
-    def query(self, p: PlotSpec, ctx: Context) -> pd.DataFrame:
-        cols = ", ".join(f"r.{c}" for c in dict.fromkeys((p.x, p.hue, p.facet, "seed")) if c)
-        df = ctx.df(
-            f"SELECT r.run_id, {cols}, s.{_Y} "
-            "FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            f"WHERE r.sweep = ? AND r.status = 'completed' AND r.{in_runs(p.where)}",
-            [ctx.sweep],
+    def query(self, p: PlotSpec, ctx: Context) -> dict:
+        keys = ", ".join(dict.fromkeys(k for k in (p.facet, p.hue, p.x) if k))
+        finite = (
+            f"SELECT r.run_id, {', '.join(f'r.{k}' for k in keys.split(', '))}, s.{_Y} "
+            f"FROM {selected_runs(p.where)} AS r JOIN summaries AS s "
+            "ON s.sweep = r.sweep AND s.run_id = r.run_id "
+            f"WHERE r.status = 'completed' AND isfinite(s.{_Y})"
         )
-        if df[_Y].notna().sum() == 0:
+        with ctx.materialized(finite) as rows:
+            cells = ctx.con.execute(
+                f"SELECT {keys}, median({_Y}) AS median, min({_Y}) AS min, max({_Y}) AS max, "
+                f"min({_Y}) FILTER (WHERE {_Y} > 0) AS min_pos FROM {rows} GROUP BY ALL"
+            ).df()
+            dots, total = ctx.sample(f"SELECT * FROM {rows}", [p.facet, p.hue, p.x], MAX_DOTS)
+        if cells.empty:
             raise Unavailable(
                 "transversal_grad_sq is NULL for every completed run (subspace data only)"
             )
-        return df
+        return {"points": dots, "cells": cells, "shown": (len(dots), total)}
 
-    def draw(self, data: pd.DataFrame, p: PlotSpec, ax: Axes | None = None) -> Figure:
+    def draw(self, data: dict, p: PlotSpec, ax: Axes | None = None) -> Figure:
         title = p.title or f"Transversal variation vs {short_label(p.x)}{subtitle(p.where)}"
-        return transversal_figure(data, x=p.x, hue=p.hue, facet=p.facet, title=title, ax=ax)
+        title += sample_note(*data["shown"])
+        return transversal_figure(
+            data["points"],
+            x=p.x,
+            hue=p.hue,
+            facet=p.facet,
+            title=title,
+            ax=ax,
+            cells=data["cells"],
+        )
