@@ -164,7 +164,9 @@ def test_draw_into_given_axes(synthetic_store):
     fig, ax = plt.subplots()
     try:
         returned = phasesweep.draw("loss_curves", store, "drawn", ax=ax, where="width = 16")
-        assert returned is fig and ax.lines  # drew into the given Axes
+        # drawn in the given Axes' place: a subfigure of the same figure holds it
+        assert returned is fig and ax not in fig.axes
+        assert [a for a in fig.subfigs[-1].axes if a.lines]
         # a faceted figure takes the given Axes' place with its panels, in the same figure
         fig, ax = plt.subplots()
         returned = phasesweep.draw("loss_curves", store, "drawn", ax=ax, facet="width")
