@@ -318,7 +318,8 @@ def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     carriage return; lines during the chunks show member-steps moving, the rate and the
     ETA ("?" before a rate is measured); the last says what was done in what time."""
     store = tmp_path / "store"
-    spec = tiny_spec({"train.steps": 20000})  # chunks of several seconds
+    # chunks of many seconds, whatever the load: a rate shows after RATE_AFTER s of reports
+    spec = tiny_spec({"train.steps": 60000})
     proc = phasesweep_cli(
         ["run", str(spec), "--store", str(store)], env_extra={"PHASESWEEP_PROGRESS_EVERY": "1"}
     )
@@ -326,7 +327,7 @@ def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     assert proc.returncode == 0, err
     assert "\r" not in err
     line = re.compile(
-        r"tiny: (\d)/6 points +\d+% (\S+)/120k member-steps "
+        r"tiny: (\d)/6 points +\d+% (\S+)/360k member-steps "
         r"\[\d\d:\d\d<(\?|\d\d:\d\d), (\?|[0-9.]+k?) member-steps/s\]"
     )
     during = [m.groups() for m in map(line.fullmatch, err.splitlines()) if m]
@@ -335,7 +336,7 @@ def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     assert all((eta == "?") == (rate == "?") for *_, eta, rate in during)  # no ETA, no rate
     assert any(rate != "?" for *_, rate in during), err
     assert re.search(
-        r"^tiny: 6/6 points 100% 120k/120k member-steps in \d\d:\d\d, [0-9.]+k? member-steps/s$",
+        r"^tiny: 6/6 points 100% 360k/360k member-steps in \d\d:\d\d, [0-9.]+k? member-steps/s$",
         err,
         re.M,
     ), err
