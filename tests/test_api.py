@@ -28,6 +28,7 @@ def store(synthetic_store) -> Store:
     return s
 
 
+@pytest.mark.process
 def test_import_is_light_and_every_public_name_resolves():
     code = (
         "import sys, json, phasesweep\n"
@@ -174,16 +175,12 @@ def test_draw_into_given_axes(synthetic_store):
         plt.close("all")
 
 
-def test_run_and_status_through_the_api(tmp_path):
-    import ray
-
+def test_run_and_status_through_the_api(tmp_path, shared_ray):
     spec = copy.deepcopy(TINY_SPEC)
     store = tmp_path / "store"
-    try:
-        outcome = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
-        again = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
-    finally:
-        ray.shutdown()
+    kw = {"overrides": ["train.steps=10"], "progress": False, "address": shared_ray}
+    outcome = phasesweep.run(spec, store, **kw)
+    again = phasesweep.run(spec, store, **kw)
     assert outcome.trained == 6 and not outcome.failed
     assert again.trained == 0 and again.skipped == 6
     status = phasesweep.status("tiny", store)

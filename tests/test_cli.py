@@ -124,25 +124,18 @@ def _count(store, sql):
     return run_query(store, sql)[1][0][0]
 
 
-def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
+def test_run_resume_status_query(tmp_path, capsys, shared_ray, tiny_spec):
     store = tmp_path / "store"
     spec = tiny_spec()
-    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
+    run = ["run", str(spec), "--store", str(store), "--no-progress", "--address", shared_ray]
+    assert main(run) == 0
     assert "skipping 0" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs WHERE status = 'completed'") == 6
     assert _count(store, "SELECT count(DISTINCT step) FROM trajectories") == 5
     # relaunch: everything skipped; a grown grid trains only the new points
-    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
+    assert main(run) == 0
     assert "skipping 6 already stored; training 0" in capsys.readouterr().err
-    grown = [
-        "run",
-        str(spec),
-        "--store",
-        str(store),
-        "--no-progress",
-        "--set",
-        "grid.seed=[0,1,2,3]",
-    ]
+    grown = [*run, "--set", "grid.seed=[0,1,2,3]"]
     assert main(grown) == 2  # a changed grid needs --extend
     assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
     assert main([*grown, "--extend"]) == 0
@@ -165,6 +158,7 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.ray
 def test_the_command_leaves_ray_before_the_interpreter_exits(
     tmp_path, monkeypatch, capsys, ray_local, tiny_spec
 ):
@@ -186,6 +180,7 @@ def test_the_command_leaves_ray_before_the_interpreter_exits(
     capsys.readouterr()
 
 
+@pytest.mark.ray
 def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
@@ -215,6 +210,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
     )
 
 
+@pytest.mark.ray
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
@@ -268,6 +264,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
+@pytest.mark.ray
 def test_progress_display_shows_points_rate_and_eta(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import leaving_ray
 from phasesweep.pipeline._cli import main
 from phasesweep.storage import run_query
 
@@ -13,9 +14,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture(scope="module")
-def quickstart_store(tmp_path_factory):
-    import ray
-
+def quickstart_store(tmp_path_factory, shared_ray_address):
     store = tmp_path_factory.mktemp("readme") / "store"
     small = [
         "--set",
@@ -29,10 +28,9 @@ def quickstart_store(tmp_path_factory):
         "--set",
         "analysis.at_time=150",  # lr 0.5 x 300 steps: every run's end
     ]
-    assert (
-        main(["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]) == 0
-    )
-    ray.shutdown()
+    run = ["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]
+    with leaving_ray():
+        assert main([*run, "--address", shared_ray_address]) == 0
     assert main(["analyze", "quickstart", "--store", str(store)]) == 0
     return store
 

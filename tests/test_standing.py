@@ -15,6 +15,8 @@ import pytest
 from phasesweep.pipeline import _standing
 from phasesweep.storage import run_query
 
+pytestmark = [pytest.mark.ray, pytest.mark.process]
+
 
 @pytest.fixture
 def standing_dir(monkeypatch):
