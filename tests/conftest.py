@@ -247,7 +247,7 @@ def shared_ray_address() -> Iterator[str]:
     at its end (or by its own watchdog two idle minutes after a killed session). Joining
     it takes a fraction of a second, where a launch on an embedded Ray starts and stops
     one. For tests whose subject is not the embedded instance itself; a test uses it
-    through :func:`shared_ray`, a module's fixture within :func:`leaving_ray`."""
+    through :func:`shared_ray`, a module's fixture within :func:`joining_shared_ray`."""
     folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
     previous = os.environ.get("PHASESWEEP_STANDING_DIR")
     os.environ["PHASESWEEP_STANDING_DIR"] = folder  # the CLI's processes find it too
@@ -267,12 +267,18 @@ def shared_ray_address() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def leaving_ray() -> Iterator[None]:
-    """Afterwards this process leaves Ray if it joined or started one (a shared instance
-    goes on) and drops the environment a launch set for Ray."""
-    with mock.patch.dict(os.environ):
+def joining_shared_ray(address: str) -> Iterator[str]:
+    """``address`` for launches in this process that join the shared Ray; afterwards the
+    process leaves Ray (the shared instance goes on) and drops the environment a launch set.
+
+    A launch keeps a loopback head's address as it is by setting
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads when it is first imported; an
+    earlier test may have imported it already, so its constant is set here too."""
+    with mock.patch.dict(os.environ), pytest.MonkeyPatch.context() as mp:
+        if "ray" in sys.modules:
+            mp.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)
         try:
-            yield
+            yield address
         finally:
             if "ray" in sys.modules:
                 import ray
@@ -282,9 +288,9 @@ def leaving_ray() -> Iterator[None]:
 
 @pytest.fixture
 def shared_ray(shared_ray_address) -> Iterator[str]:
-    """:func:`shared_ray_address` for one test, left afterwards (:func:`leaving_ray`)."""
-    with leaving_ray():
-        yield shared_ray_address
+    """:func:`shared_ray_address` for one test (:func:`joining_shared_ray`)."""
+    with joining_shared_ray(shared_ray_address) as address:
+        yield address
 
 
 # Tiers ------------------------------------------------------------------------------

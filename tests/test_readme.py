@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import leaving_ray
+from conftest import joining_shared_ray
 from phasesweep.pipeline._cli import main
 from phasesweep.storage import run_query
 
@@ -29,8 +29,8 @@ def quickstart_store(tmp_path_factory, shared_ray_address):
         "analysis.at_time=150",  # lr 0.5 x 300 steps: every run's end
     ]
     run = ["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]
-    with leaving_ray():
-        assert main([*run, "--address", shared_ray_address]) == 0
+    with joining_shared_ray(shared_ray_address) as address:
+        assert main([*run, "--address", address]) == 0
     assert main(["analyze", "quickstart", "--store", str(store)]) == 0
     return store
 
