@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,14 @@ def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
     assert why in out, out
     out = pytest_("-m", "not process")  # the fixture marked the test that uses it
     assert "1 failed, 1 passed, 2 deselected" in out, out
+
+
+def test_the_readme_gives_the_fast_tier_that_scripts_test_runs(pytestconfig):
+    script = (ROOT / "scripts" / "test").read_text()
+    expression = re.search(r'markers=\(-m "([^"]+)"\)', script).group(1)
+    readme = (ROOT / "README.md").read_text()
+    assert "PHASESWEEP_FAST=1 bash scripts/test" in readme
+    assert f'pytest -m "{expression}"' in readme
+    left_out = set(re.findall(r"not (\w+)", expression))
+    registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
+    assert left_out == {"slow", "heavy", "ray", "process"} and left_out <= registered
