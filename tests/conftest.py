@@ -1,9 +1,9 @@
 """Shared fixtures and the test tiers. Storage fixtures are prefixed ``store_``;
 ``capture`` records the parameters the trainer's metric recorder saw at every logged step;
 ``tiny_spec`` writes the smallest sweep that runs the whole pipeline and ``phasesweep_cli``
-starts the CLI in a process of its own; ``shared_ray`` is the ``address`` of one local Ray
-that the session's launches share; ``synthetic_store`` fills a store with
-a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`).
+starts the CLI in a process of its own; ``shared_ray`` is the ``--address`` of one local
+Ray that the session's launches in such processes share; ``synthetic_store`` fills a store
+with a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`).
 
 Tiers (pyproject.toml lists the markers): ``slow`` marks the scientific reproductions,
 ``heavy`` tests with tens of seconds of work (every figure of a store, reports,
@@ -15,7 +15,6 @@ scripts/test``: ``-m "not slow and not heavy and not ray and not process"``) sta
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
 import os
@@ -27,7 +26,6 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import phasesweep.pipeline._trainer as trainer_mod
@@ -241,16 +239,21 @@ def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
 
 
 @pytest.fixture(scope="session")
-def shared_ray_address() -> Iterator[str]:
-    """``address`` (``--address``) of the one local Ray this session's launches share: a
-    standing local Ray (:mod:`pipeline._standing`) in a folder of the session's, stopped
-    at its end (or by its own watchdog two idle minutes after a killed session). Joining
-    it takes a fraction of a second, where a launch on an embedded Ray starts and stops
-    one. For tests whose subject is not the embedded instance itself; a test uses it
-    through :func:`shared_ray`, a module's fixture within :func:`joining_shared_ray`."""
+def shared_ray() -> Iterator[str]:
+    """``--address`` of the one local Ray that this session's launches in processes of
+    their own share (the CLI's: ``phasesweep_cli([..., "--address", shared_ray])``): a
+    standing local Ray (:mod:`pipeline._standing`) in a folder of the session's, stopped at
+    its end (or by its own watchdog two idle minutes after a killed session). Joining it
+    takes a fraction of a second, where a launch on an embedded Ray starts and stops one.
+    For tests whose subject is not the embedded instance itself, and whose trials need
+    nothing from the launch's environment (trials run in the shared instance's).
+
+    Not for launches in this process: Ray keeps the first instance's authentication
+    settings for the life of a process (a new local Ray turns token auth on, the standing
+    one runs without), so a process that ran an embedded launch cannot join it."""
     folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
     previous = os.environ.get("PHASESWEEP_STANDING_DIR")
-    os.environ["PHASESWEEP_STANDING_DIR"] = folder  # the CLI's processes find it too
+    os.environ["PHASESWEEP_STANDING_DIR"] = folder  # where the CLI's processes find it
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(_standing.IDLE_ENV, "2")
@@ -266,37 +269,10 @@ def shared_ray_address() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def joining_shared_ray(address: str) -> Iterator[str]:
-    """``address`` for launches in this process that join the shared Ray; afterwards the
-    process leaves Ray (the shared instance goes on) and drops the environment a launch set.
-
-    A launch keeps a loopback head's address as it is by setting
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads when it is first imported; an
-    earlier test may have imported it already, so its constant is set here too."""
-    with mock.patch.dict(os.environ), pytest.MonkeyPatch.context() as mp:
-        if "ray" in sys.modules:
-            mp.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)
-        try:
-            yield address
-        finally:
-            if "ray" in sys.modules:
-                import ray
-
-                ray.shutdown()
-
-
-@pytest.fixture
-def shared_ray(shared_ray_address) -> Iterator[str]:
-    """:func:`shared_ray_address` for one test (:func:`joining_shared_ray`)."""
-    with joining_shared_ray(shared_ray_address) as address:
-        yield address
-
-
 # Tiers ------------------------------------------------------------------------------
 
 #: Fixtures that put the tests using them in a tier (pyproject.toml lists the markers).
-MARK_BY_FIXTURE = {"phasesweep_cli": "process", "shared_ray_address": "ray"}
+MARK_BY_FIXTURE = {"phasesweep_cli": "process", "shared_ray": "ray"}
 
 #: Where Ray's own programs and scripts live (found without importing Ray).
 RAY_DIR = os.path.join(importlib.util.find_spec("ray").submodule_search_locations[0], "")

@@ -175,12 +175,17 @@ def test_draw_into_given_axes(synthetic_store):
         plt.close("all")
 
 
-def test_run_and_status_through_the_api(tmp_path, shared_ray):
+@pytest.mark.ray
+def test_run_and_status_through_the_api(tmp_path):
+    import ray
+
     spec = copy.deepcopy(TINY_SPEC)
     store = tmp_path / "store"
-    kw = {"overrides": ["train.steps=10"], "progress": False, "address": shared_ray}
-    outcome = phasesweep.run(spec, store, **kw)
-    again = phasesweep.run(spec, store, **kw)
+    try:
+        outcome = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
+        again = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
+    finally:
+        ray.shutdown()
     assert outcome.trained == 6 and not outcome.failed
     assert again.trained == 0 and again.skipped == 6
     status = phasesweep.status("tiny", store)

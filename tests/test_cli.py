@@ -124,18 +124,26 @@ def _count(store, sql):
     return run_query(store, sql)[1][0][0]
 
 
-def test_run_resume_status_query(tmp_path, capsys, shared_ray, tiny_spec):
+@pytest.mark.ray
+def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     store = tmp_path / "store"
     spec = tiny_spec()
-    run = ["run", str(spec), "--store", str(store), "--no-progress", "--address", shared_ray]
-    assert main(run) == 0
+    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
     assert "skipping 0" in capsys.readouterr().err
     assert _count(store, "SELECT count(*) FROM runs WHERE status = 'completed'") == 6
     assert _count(store, "SELECT count(DISTINCT step) FROM trajectories") == 5
     # relaunch: everything skipped; a grown grid trains only the new points
-    assert main(run) == 0
+    assert main(["run", str(spec), "--store", str(store), "--no-progress"]) == 0
     assert "skipping 6 already stored; training 0" in capsys.readouterr().err
-    grown = [*run, "--set", "grid.seed=[0,1,2,3]"]
+    grown = [
+        "run",
+        str(spec),
+        "--store",
+        str(store),
+        "--no-progress",
+        "--set",
+        "grid.seed=[0,1,2,3]",
+    ]
     assert main(grown) == 2  # a changed grid needs --extend
     assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
     assert main([*grown, "--extend"]) == 0

@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import joining_shared_ray
 from phasesweep.pipeline._cli import main
 from phasesweep.storage import run_query
 
@@ -14,7 +13,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture(scope="module")
-def quickstart_store(tmp_path_factory, shared_ray_address):
+def quickstart_store(tmp_path_factory):
+    import ray
+
     store = tmp_path_factory.mktemp("readme") / "store"
     small = [
         "--set",
@@ -28,9 +29,10 @@ def quickstart_store(tmp_path_factory, shared_ray_address):
         "--set",
         "analysis.at_time=150",  # lr 0.5 x 300 steps: every run's end
     ]
-    run = ["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]
-    with joining_shared_ray(shared_ray_address) as address:
-        assert main([*run, "--address", address]) == 0
+    assert (
+        main(["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]) == 0
+    )
+    ray.shutdown()
     assert main(["analyze", "quickstart", "--store", str(store)]) == 0
     return store
 
@@ -44,6 +46,7 @@ def test_readme_names_the_two_commands_and_quickstart():
     )  # CI runs the README's command
 
 
+@pytest.mark.ray
 def test_every_readme_query_runs_and_returns_rows(quickstart_store):
     queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
     assert len(queries) >= 4
