@@ -305,6 +305,18 @@ class Reach:
             float(ends[finite].min()) if finite.any() else float("nan"),
         )
 
+    @classmethod
+    def of_counts(cls, counts: pd.DataFrame) -> Reach:
+        """Of SQL counts by status: columns ``status``, ``runs``, ``short``, ``short_end``
+        and ``first_end``, one row per status and whatever else they are grouped by."""
+        done = counts[counts["status"] == "completed"]
+        return cls(
+            int(done["runs"].sum()),
+            int(done["short"].sum()),
+            float(done["short_end"].max()) if done["short_end"].notna().any() else float("nan"),
+            float(done["first_end"].min()) if done["first_end"].notna().any() else float("nan"),
+        )
+
     def __add__(self, other: Reach) -> Reach:
         return Reach(
             self.completed + other.completed,

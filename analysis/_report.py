@@ -618,7 +618,7 @@ def report(
                     (counts["regime"] == "(none)") & (counts["status"] == "failed"), "runs"
                 ].sum()
             ),
-            _reach(counts).line(cfg.at_time),
+            Reach.of_counts(counts).line(cfg.at_time),
         ),
         fit_stats=fit_stats,
         cfg=cfg,
@@ -627,14 +627,3 @@ def report(
     if out_dir is None and not store.is_local:
         upload(store, sweep, [page])
     return page
-
-
-def _reach(counts: pd.DataFrame) -> Reach:
-    """The :class:`analysis._analyze.Reach` of the report's counts by status and regime."""
-    done = counts[counts["status"] == "completed"]
-    return Reach(
-        int(done["runs"].sum()),
-        int(done["short"].sum()),
-        float(done["short_end"].max()) if done["short_end"].notna().any() else float("nan"),
-        float(done["first_end"].min()) if done["first_end"].notna().any() else float("nan"),
-    )

@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import duckdb
     import pandas as pd
     import pyarrow as pa
-
     from phasesweep.pipeline._driver import SweepOutcome
     from phasesweep.pipeline._grid import Point
     from phasesweep.pipeline._launch import Plan, Status

@@ -147,11 +147,10 @@ def refresh_ray() -> None:
     """Make Ray read its token settings from the environment again (it caches them per
     process), so that a process that used another Ray before (a notebook, a test
     session) presents the token the environment now names. Only while not connected."""
-    if "ray._raylet" in sys.modules:
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        Config.initialize("")  # as Ray does when it turns token auth on itself
-        AuthenticationTokenLoader.instance().reset_cache()
+    raylet = sys.modules.get("ray._raylet")  # compiled: its names are invisible to pyright
+    if raylet is not None:
+        raylet.Config.initialize("")  # as Ray does when it turns token auth on itself
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def private_temp_dir() -> str:

@@ -186,9 +186,10 @@ def _notebook() -> bool:
         return False
     if any(k == "QT_API" or k.startswith("SPYDER") for k in os.environ):
         return False  # qtconsole, Spyder: text consoles
-    from tqdm.notebook import IProgress
+    import tqdm.notebook
 
-    return IProgress is not None
+    # None where ipywidgets is missing; set in a try block that pyright cannot follow
+    return getattr(tqdm.notebook, "IProgress", None) is not None
 
 
 def _bar(progress: Progress, enabled: bool):  # noqa: ANN202

@@ -1,16 +1,28 @@
-"""Shared fixtures. Storage fixtures are prefixed ``store_``; ``capture`` records the
-parameters the trainer's metric recorder saw at every logged step; ``tiny_spec`` writes
-the smallest sweep that runs the whole pipeline and ``phasesweep_cli`` starts the CLI
-in a process of its own; ``synthetic_store`` fills a store with
-a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`)."""
+"""Shared fixtures and the test tiers. Storage fixtures are prefixed ``store_``;
+``capture`` records the parameters the trainer's metric recorder saw at every logged step;
+``tiny_spec`` writes the smallest sweep that runs the whole pipeline and ``phasesweep_cli``
+starts the CLI in a process of its own; ``shared_ray`` is the ``--address`` of one local
+Ray that the session's launches in such processes share; ``synthetic_store`` fills a store
+with a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`).
+
+Tiers (pyproject.toml lists the markers): ``slow`` marks the scientific reproductions,
+``heavy`` tests with tens of seconds of work (every figure of a store, reports,
+benchmarks), ``ray`` a test that starts or joins Ray and ``process`` one that runs Python
+(the CLI, a probe) in a process of its own. The fixtures above mark the tests that use
+them (:data:`MARK_BY_FIXTURE`); a test that starts Ray or Python itself carries the
+marker, and fails without it, so that the fast tier (``PHASESWEEP_FAST=1 bash
+scripts/test``: ``-m "not slow and not heavy and not ray and not process"``) stays fast."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -21,8 +33,10 @@ import pyarrow as pa
 import pytest
 import yaml
 from phasesweep.analysis._calibration import synthetic_sweep
+from phasesweep.pipeline import _standing
 from phasesweep.pipeline._metrics import MetricRecorder
 from phasesweep.pipeline._models import Params
+from phasesweep.pipeline._ray import STANDING
 from phasesweep.storage import Store, schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
@@ -222,3 +236,98 @@ def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
         return store, spec_text
 
     return make
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[str]:
+    """``--address`` of the one local Ray that this session's launches in processes of
+    their own share (the CLI's: ``phasesweep_cli([..., "--address", shared_ray])``): a
+    standing local Ray (:mod:`pipeline._standing`) in a folder of the session's, stopped at
+    its end (or by its own watchdog two idle minutes after a killed session). Joining it
+    takes a fraction of a second, where a launch on an embedded Ray starts and stops one.
+    For tests whose subject is not the embedded instance itself, and whose trials need
+    nothing from the launch's environment (trials run in the shared instance's).
+
+    Not for launches in this process: Ray keeps the first instance's authentication
+    settings for the life of a process (a new local Ray turns token auth on, the standing
+    one runs without), so a process that ran an embedded launch cannot join it."""
+    folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
+    previous = os.environ.get("PHASESWEEP_STANDING_DIR")
+    os.environ["PHASESWEEP_STANDING_DIR"] = folder  # where the CLI's processes find it
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(_standing.IDLE_ENV, "2")
+            _standing.ensure()
+        _standing.hold()  # in use while this session lives
+        yield STANDING
+    finally:
+        _standing.stop()
+        if previous is None:
+            os.environ.pop("PHASESWEEP_STANDING_DIR", None)
+        else:
+            os.environ["PHASESWEEP_STANDING_DIR"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Tiers ------------------------------------------------------------------------------
+
+#: Fixtures that put the tests using them in a tier (pyproject.toml lists the markers).
+MARK_BY_FIXTURE = {"phasesweep_cli": "process", "shared_ray": "ray"}
+
+#: Where Ray's own programs and scripts live (found without importing Ray).
+RAY_DIR = os.path.join(importlib.util.find_spec("ray").submodule_search_locations[0], "")
+
+#: What a test that needs the marker starts, in words.
+_STARTS = {"ray": "Ray", "process": "Python in a process of its own"}
+
+#: Markers the running test's own processes call for; None between tests.
+_started: set[str] | None = None
+
+
+def spawned_marker(executable: str | bytes | None, args: Any) -> str | None:
+    """The marker a test needs that starts this process (``subprocess.Popen``'s audit
+    event arguments): ``ray`` for Ray's programs, ``process`` for a Python interpreter,
+    None for anything else (git, a browser)."""
+    argv = [args] if isinstance(args, str | bytes) else list(args)
+    words = [os.fsdecode(w) for w in [executable or argv[0], *argv]]
+    if any(w.startswith(RAY_DIR) for w in words):
+        return "ray"
+    program = os.path.basename(words[0])
+    return "process" if program.startswith("python") or words[0] == sys.executable else None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "subprocess.Popen" and _started is not None:
+        marker = spawned_marker(args[0], args[1])
+        if marker:
+            _started.add(marker)
+
+
+sys.addaudithook(_audit)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in MARK_BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Fail a test whose body starts Ray or Python without the marker that says so."""
+    global _started
+    _started = set()
+    try:
+        result = yield
+    finally:
+        started, _started = _started, None
+    missing = sorted(started - {m.name for m in item.iter_markers()})
+    if missing:
+        pytest.fail(
+            f"this test starts {' and '.join(_STARTS[m] for m in missing)}: mark it "
+            + " and ".join(f"@pytest.mark.{m}" for m in missing)
+            + " (the fast tier leaves such tests out)",
+            pytrace=False,
+        )
+    return result

@@ -164,6 +164,7 @@ def test_balance_of_degree_k_is_conserved_by_gradient_flow(registered):
             assert linear.abs().max() > 1e-3 * g.sq_norm().max()
 
 
+@pytest.mark.process
 def test_the_spec_reads_the_registry_without_torch():
     """The CLI validates specs before any training: the registry must not import torch."""
     code = (

@@ -236,6 +236,7 @@ def _check_batched_equals_whole(
     return want
 
 
+@pytest.mark.process
 def test_batched_analysis_equals_the_whole_sweep(tmp_path):
     """The closed-form sweep (failed, diverged and not converged runs among them), stored
     as chunks of uneven sizes, analyzed in batches of 1, 7 and all runs."""
@@ -391,6 +392,7 @@ def test_plateaus_of_many_runs_at_once_are_each_runs_own(options):
 # --------------------------------------------------------------------------- workers
 
 
+@pytest.mark.process
 def test_workers_map_in_order_and_raise_what_the_work_raises():
     import operator
 
@@ -451,6 +453,7 @@ def scale_stores(tmp_path_factory) -> dict[int, Store]:
     return stores
 
 
+@pytest.mark.process
 def test_analyze_memory_does_not_grow_with_the_runs(scale_stores, tmp_path):
     """4x the runs (and trajectory rows): the peak grows by what is kept per run (the
     runs' rows read at once, the numbers the fits need: +40 MiB measured), not by the
@@ -695,7 +698,6 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
     once, summed over batches (analyze) and aggregated in SQL (the report)."""
     from phasesweep.analysis import analyze
     from phasesweep.analysis._analyze import Reach
-    from phasesweep.analysis._report import _reach
 
     rng = np.random.default_rng(0)
     status = rng.choice(["completed", "diverged", "failed"], 200, p=[0.8, 0.1, 0.1])
@@ -725,7 +727,7 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
         [at * (1 - 1e-9)] * 2,
     ).df()
     want = Reach.of(at, runs["status"].to_numpy(object), runs["final_time"].to_numpy(float))
-    assert _reach(counts) == want and want.short == want.completed and want.line(at)
+    assert Reach.of_counts(counts) == want and want.short == want.completed and want.line(at)
     assert want.short_end == float(np.nanmax(runs["final_time"]))
 
 

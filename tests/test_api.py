@@ -28,6 +28,7 @@ def store(synthetic_store) -> Store:
     return s
 
 
+@pytest.mark.process
 def test_import_is_light_and_every_public_name_resolves():
     code = (
         "import sys, json, phasesweep\n"
@@ -176,6 +177,7 @@ def test_draw_into_given_axes(synthetic_store):
         plt.close("all")
 
 
+@pytest.mark.ray
 def test_run_and_status_through_the_api(tmp_path):
     import ray
 

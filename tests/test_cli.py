@@ -165,6 +165,7 @@ def _count(store, sql):
     return run_query(store, sql)[1][0][0]
 
 
+@pytest.mark.ray
 def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     store = tmp_path / "store"
     spec = tiny_spec()
@@ -208,6 +209,7 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.ray
 def test_the_command_leaves_ray_before_the_interpreter_exits(
     tmp_path, monkeypatch, capsys, ray_local, tiny_spec
 ):
@@ -229,6 +231,7 @@ def test_the_command_leaves_ray_before_the_interpreter_exits(
     capsys.readouterr()
 
 
+@pytest.mark.ray
 def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
@@ -258,6 +261,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
     )
 
 
+@pytest.mark.ray
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
@@ -311,6 +315,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
+@pytest.mark.ray
 def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     tmp_path, tiny_spec, phasesweep_cli
 ):

@@ -61,6 +61,7 @@ def ray_cluster(monkeypatch, tmp_path):
     cluster.shutdown()
 
 
+@pytest.mark.ray
 def test_sweep_runs_across_nodes_of_a_cluster(tmp_path, ray_cluster, tiny_spec, phasesweep_cli):
     spec = tiny_spec(
         {"name": "cluster", "train.steps": 400, "execution.max_chunk_size": 1, "grid.seed": [0, 1]}
@@ -285,6 +286,8 @@ def _start_node(
 
 
 @pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.ray
 def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phasesweep_cli):
     """Head and two worker nodes as separate `ray start` processes, a moto S3 server as the
     store; one worker node is SIGKILLed once the first chunk is committed. The sweep still

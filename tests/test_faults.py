@@ -28,6 +28,8 @@ from phasesweep.storage.schema import log_steps, to_table
 #: Subprocess timeouts: Ray starts slowly on a loaded machine.
 TIMEOUT = 600
 
+pytestmark = pytest.mark.ray
+
 
 @pytest.fixture
 def short_tmp():
@@ -74,6 +76,7 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
+@pytest.mark.process
 def test_embedded_run_never_joins_a_cluster_started_on_the_machine(
     tmp_path, tiny_spec, phasesweep_cli, short_tmp
 ):

@@ -79,6 +79,7 @@ def test_unknown_kind_is_a_spec_error_naming_the_key():
 # --------------------------------------------------------------------------- never abort
 
 
+@pytest.mark.heavy
 def test_a_failing_figure_is_skipped_with_a_warning(store, tmp_path, monkeypatch, caplog):
     kind = figures.get("transversal")
 
@@ -100,6 +101,7 @@ def test_a_failing_figure_is_skipped_with_a_warning(store, tmp_path, monkeypatch
     assert page.exists() and "fig-transversal" not in page.read_text()
 
 
+@pytest.mark.heavy
 def test_a_figure_with_nothing_to_draw_is_skipped(store, tmp_path, caplog):
     spec = validate_spec(
         {
@@ -329,6 +331,7 @@ def test_plot_refuses_a_symlinked_output_folder(store, tmp_path):
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_plot_refuses_a_symlink_at_a_figure_name(store, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

@@ -164,6 +164,7 @@ def test_every_ready_sweep_has_a_case():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.heavy
 def test_every_figure_of_every_ready_sweep(case, small_sweep, tmp_path, caplog):
     store, sweep = small_sweep(case)
     with open_sweep(store, sweep) as ctx:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: folder of the layout -> the package it is installed as (pyproject's package-dir).
+#: folder of the layout -> the package it is installed as (phasesweep/FOLDER links to it).
 PACKAGES = {
     "storage": "phasesweep.storage",
     "analysis": "phasesweep.analysis",
@@ -152,6 +152,7 @@ def test_an_allowed_import_passes(module, source):
     assert imported(source, module) and violations(source, module) == []
 
 
+@pytest.mark.process
 def test_config_modules_load_neither_pandas_nor_matplotlib():
     heavy = ["numpy", "pandas", "pyarrow", "duckdb", "matplotlib", "torch", "ray"]
     code = (
@@ -171,6 +172,7 @@ def test_config_modules_load_neither_pandas_nor_matplotlib():
     assert not {"pandas", "pyarrow", "duckdb", "matplotlib", "torch", "ray"} & set(spec)
 
 
+@pytest.mark.process
 def test_the_lazy_analysis_package_resolves_its_public_functions():
     """The package's public functions come from its private modules on first access, also
     once those modules are loaded (``phasesweep.analysis.__init__`` stays light)."""

@@ -29,6 +29,8 @@ def _text(cell) -> str:
 
 
 @pytest.mark.skipif(not hasattr(analysis, "draw"), reason="the figures branch adds draw")
+@pytest.mark.process
+@pytest.mark.ray
 def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

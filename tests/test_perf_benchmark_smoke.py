@@ -94,6 +94,7 @@ def test_toy_run_without_ray_writes_a_consistent_report(tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.ray
 def test_ray_pieces_at_toy_size(tmp_path):
     """(a) and phasesweep end to end through Ray Tune, both training the same points."""
     spec = training.grid_spec(4, 12, width=8, n_train=16, log_points=5, name="toy")
@@ -165,6 +166,7 @@ def test_numpy_baseline_refuses_what_it_does_not_train():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.heavy
 def test_toy_shape_suite_writes_a_consistent_report(tmp_path):
     from benchmarks import shapes
 
@@ -231,6 +233,8 @@ def test_shape_targets_follow_the_issue():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.ray
+@pytest.mark.process
 def test_launch_benchmark_at_one_repeat(tmp_path):
     """Every launch of the fixed-cost benchmark trains and stores its sweep; the fixed cost
     is the wall time less the training time, and the standing Ray is stopped at the end."""

@@ -54,6 +54,7 @@ def _check_svg(path):
     assert len(list(root.iter())) > 50
 
 
+@pytest.mark.heavy
 def test_plot_writes_every_default_figure(store, tmp_path):
     paths = plot(store, SWEEP, tmp_path)  # analyzes first: no summaries yet
     names = sorted({p.stem for p in paths})
@@ -72,6 +73,7 @@ def test_plot_writes_every_default_figure(store, tmp_path):
     assert {p.suffix for p in paths} == {".png", ".svg"}
 
 
+@pytest.mark.heavy
 def test_plots_section_of_the_spec(store, tmp_path):
     analyze(store, SWEEP)
     spec = StoredSweep.model_validate(

@@ -104,6 +104,7 @@ def test_disabled_writes_nothing_and_a_pickled_copy_shows_nothing():
     on.close()
 
 
+@pytest.mark.process
 def test_a_notebook_shows_a_widget_bar_without_warnings(tmp_path):
     """``phasesweep.run`` in a Jupyter kernel: a tqdm.notebook widget (ipywidgets), whose
     last state shows every point done, and no TqdmWarning in the cell's output."""

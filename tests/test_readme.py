@@ -46,6 +46,7 @@ def test_readme_names_the_two_commands_and_quickstart():
     )  # CI runs the README's command
 
 
+@pytest.mark.ray
 def test_every_readme_query_runs_and_returns_rows(quickstart_store):
     queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
     assert len(queries) >= 4
@@ -96,6 +97,9 @@ def quickstart_left(tmp_path):
     return tmp_path
 
 
+@pytest.mark.ray
+@pytest.mark.process
+@pytest.mark.heavy
 def test_every_documented_command_works_as_written_after_the_quickstart(quickstart_left):
     """README "Using it", then "From Python", in that order, in a folder the quickstart
     left (the cluster line aside): each exits 0; the relaunch of a part of the grid

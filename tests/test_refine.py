@@ -299,6 +299,7 @@ def _start(store: Store, log: str, block_at: int = 0, delay: float = 0.0):
     )
 
 
+@pytest.mark.process
 def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
     """The second batch has two chunks (widths 16, 256); the refine is killed inside the
     second one, after the first committed. The resume adopts the dead process's trials,
@@ -327,6 +328,7 @@ def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
     assert states == {TrialState.COMPLETE: 8}
 
 
+@pytest.mark.process
 def test_two_refines_of_one_sweep_never_train_a_point_twice(synth_store, tmp_path):
     """The second refine starts while the first is in the middle of its first batch
     (its points pending in the journal): it must not train them, and the two together
@@ -394,6 +396,7 @@ TINY_REAL = {
 }
 
 
+@pytest.mark.heavy
 def test_real_refinement_store_table_and_overlay(tmp_path):
     """Refine where param_rel_change of :data:`TINY_REAL` crosses 0.25, in this process."""
     from matplotlib import pyplot as plt
@@ -468,6 +471,7 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     assert 'id="boundaries-table"' in page and "param_rel_change" in page
 
 
+@pytest.mark.heavy
 def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noqa: F811
     """On an object store the journal lives in the store (a copy per batch): a second
     refine, starting from a fresh local copy, goes on from the first one's trials."""
@@ -487,7 +491,7 @@ def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noq
     _check_boundaries(s3_store)
 
 
-def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli):
+def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli, shared_ray):
     """The command's default path: every batch is a Ray Tune run of ensemble chunks."""
     from phasesweep.pipeline._driver import train_and_store
     from phasesweep.pipeline._grid import expand, make_chunks
@@ -500,7 +504,7 @@ def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli):
     for c in make_chunks(expand(spec), spec):
         train_and_store(store.uri, "tinyref", c, "cpu")
     args = ["refine", "tinyref", "--metric", "param_rel_change", "--level", "0.3"]
-    proc = phasesweep_cli([*args, "--tol", "0.3", "--store", store.uri])
+    proc = phasesweep_cli([*args, "--tol", "0.3", "--store", store.uri, "--address", shared_ray])
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err
     assert '{"width": 8}' in out and "True" in out

@@ -51,6 +51,7 @@ class _Collect(HTMLParser):
         self.tags.append((tag, dict(attrs)))
 
 
+@pytest.mark.heavy
 def test_report_is_self_contained(page):
     st, path, spec_text = page
     assert path.name == "report.html" and path.exists()
@@ -172,6 +173,7 @@ def test_report_html_from_parts_escapes_and_tables():
     reason="needs Debian chromium at /usr/bin/chromium "
     "(apt-get install -y chromium); playwright never downloads one here",
 )
+@pytest.mark.heavy
 def test_report_in_headless_browser(page):
     from playwright.sync_api import sync_playwright
 
@@ -274,6 +276,7 @@ def prov_store(tmp_path_factory):
     return st
 
 
+@pytest.mark.heavy
 def test_report_states_its_provenance(prov_store, tmp_path):
     import subprocess
 
@@ -327,6 +330,7 @@ def test_report_states_its_provenance(prov_store, tmp_path):
     assert text.count("Provenance test: two chunks") == 1
 
 
+@pytest.mark.heavy
 def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
     from phasesweep.analysis._report import code_commit
 
@@ -341,6 +345,7 @@ def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
     assert "(commit unknown)" in text and "launch-argv" not in text
 
 
+@pytest.mark.heavy
 def test_report_opens_the_catalog_once_and_reads_the_spec_once(prov_store, tmp_path, monkeypatch):
     import phasesweep.storage as storage
 

@@ -151,6 +151,8 @@ def _alive_nodes(address: str) -> int:
     return int(probe.stdout.split()[-1])
 
 
+@pytest.mark.ray
+@pytest.mark.process
 def test_another_account_can_neither_join_the_standing_ray_nor_read_its_token(
     other_account, state_folder, tmp_path
 ):
@@ -223,6 +225,8 @@ def _embedded(**env: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.ray
+@pytest.mark.process
 def test_the_embedded_ray_is_private_to_its_owner(other_account, state_folder):
     launch = _embedded(RAY_AUTH_TOKEN="from-the-users-environment")
     try:
@@ -357,6 +361,8 @@ for mode in ("disabled", None):
 """
 
 
+@pytest.mark.ray
+@pytest.mark.process
 def test_a_ray_without_token_authentication_is_said_once(state_folder):
     """``RAY_AUTH_MODE=disabled`` in the user's environment: the embedded Ray starts
     without a token (none is written), and the launch says so once on stderr. A later

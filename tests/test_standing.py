@@ -15,6 +15,8 @@ import pytest
 from phasesweep.pipeline import _standing
 from phasesweep.storage import run_query
 
+pytestmark = [pytest.mark.ray, pytest.mark.process]
+
 
 @pytest.fixture
 def standing_dir(monkeypatch):
@@ -184,7 +186,7 @@ def _worker_niceness(address: str, **env: str) -> int:
 def test_trials_of_a_local_ray_run_at_normal_priority(standing_dir):
     """Ray's default worker niceness (15) starves trials beside any busy process; the local
     Rays this tool starts run them at 0, unless the user's environment says otherwise."""
-    assert _standing.LOCAL_DEFAULTS == {"RAY_worker_niceness": "0"}
+    assert _standing.LOCAL_DEFAULTS["RAY_worker_niceness"] == "0"
     assert _worker_niceness("") == 0
     assert _worker_niceness("", RAY_worker_niceness="12") == 12
     assert _worker_niceness("standing") == 0

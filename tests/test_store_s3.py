@@ -107,6 +107,7 @@ def test_s3_write_analysis_replaces(s3_store, store_make_table):
     assert len(s3_store.files("plateaus")) == 1
 
 
+@pytest.mark.ray
 def test_cli_sweep_into_s3_store_and_resume(s3_store, tiny_spec, phasesweep_cli):
     """`phasesweep run --store s3://…` end to end: Ray trials write straight to the object store."""
     spec = tiny_spec(

@@ -1,0 +1,138 @@
+"""The contributor's tooling, each piece doing the real thing: the package layout as a
+wheel and a type checker see it (``phasesweep/pipeline`` etc. link to the top-level
+folders), the type check's gate (``scripts/typecheck.py``) and the guard that keeps the
+test tiers honest (``tests/conftest.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import RAY_DIR, spawned_marker
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ["pipeline", "storage", "analysis"]
+
+
+def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.process
+def test_the_wheel_holds_every_module_of_the_layout_under_phasesweep(tmp_path):
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".*", "build", "results", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
+    build = "from setuptools import build_meta; print(build_meta.build_wheel(__import__('sys').argv[1]))"
+    done = _python("-c", build, str(tmp_path / "dist"), cwd=source)
+    assert done.returncode == 0, done.stderr
+    wheel = zipfile.ZipFile(tmp_path / "dist" / done.stdout.split()[-1])
+    packaged = {n for n in wheel.namelist() if n.startswith("phasesweep/")}
+    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "phasesweep").glob("*.py")}
+    for folder in FOLDERS:
+        expected |= {
+            f"phasesweep/{p.relative_to(ROOT).as_posix()}"
+            for p in (ROOT / folder).rglob("*.py")
+            if "__pycache__" not in p.parts
+        }
+    assert packaged == expected
+    for folder in FOLDERS:  # copies of the files, not links
+        info = wheel.getinfo(f"phasesweep/{folder}/__init__.py")
+        assert wheel.read(info) == (ROOT / folder / "__init__.py").read_bytes()
+
+
+@pytest.mark.process
+def test_the_type_check_resolves_the_layout_and_fails_on_every_unresolved_import(tmp_path):
+    """With the project's own rules, and the checkout as the only way to find phasesweep
+    (the editable install's import hook is invisible to a static tool): the layout's
+    imports resolve; a missing module and a name a module lacks fail; a finding the
+    project keeps at warning does not."""
+    files = {
+        "layout.py": (
+            "import phasesweep.pipeline._cli\n"
+            "from phasesweep.analysis.figures import FigureKind\n"
+            "from phasesweep.storage import Store\n"
+        ),
+        "missing.py": "import phasesweep.no_such_module\nfrom phasesweep.storage import NoSuchName\n",
+        "warned.py": 'import re\n\nre.match("a", "b").group()\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    config = {
+        "extends": str(ROOT / "pyproject.toml"),
+        "include": ["."],
+        "exclude": [],
+        "extraPaths": [str(ROOT)],
+    }
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
+    done = _python(str(ROOT / "scripts" / "typecheck.py"), "--project", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    *failing, summary = done.stdout.strip().splitlines()
+    assert [line.split(":")[:2] for line in failing] == [
+        [str(tmp_path / "missing.py"), "1"],
+        [str(tmp_path / "missing.py"), "2"],
+    ], done.stdout
+    assert "no_such_module" in failing[0] and '"NoSuchName" is unknown import symbol' in failing[1]
+    assert summary == "pyright: 2 failing, 1 warnings in 3 files"
+
+
+def test_spawned_processes_are_told_apart():
+    ray_dir = Path(RAY_DIR)
+    assert spawned_marker(None, [sys.executable, "-c", "pass"]) == "process"
+    assert spawned_marker(None, ["python3", "-m", "phasesweep.pipeline._cli"]) == "process"
+    assert spawned_marker(None, [str(ray_dir / "core" / "src" / "ray" / "raylet")]) == "ray"
+    assert spawned_marker(None, [sys.executable, str(ray_dir / "dashboard" / "x.py")]) == "ray"
+    assert spawned_marker(b"/usr/bin/git", [b"git", b"status"]) is None
+    assert spawned_marker(None, "chromium --headless") is None
+
+
+@pytest.mark.process
+def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    process: x\n    ray: x\n")
+    (tmp_path / "test_inner.py").write_text(
+        "import subprocess, sys\n"
+        "import pytest\n\n"
+        "def test_unmarked():\n"
+        "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n\n"
+        "@pytest.mark.process\n"
+        "def test_marked():\n"
+        "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n\n"
+        "def test_other_programs():\n"
+        "    subprocess.run(['git', '--version'], check=True, capture_output=True)\n\n"
+        "def test_uses_the_cli_fixture(phasesweep_cli):\n"
+        "    assert phasesweep_cli(['--version']).communicate(timeout=300)[0]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+    def pytest_(*args: str) -> str:
+        inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *args]
+        return subprocess.run(inner, cwd=tmp_path, capture_output=True, text=True, env=env).stdout
+
+    out = pytest_()
+    assert "1 failed, 3 passed" in out, out
+    assert "FAILED test_inner.py::test_unmarked" in out
+    why = "this test starts Python in a process of its own: mark it @pytest.mark.process"
+    assert why in out, out
+    out = pytest_("-m", "not process")  # the fixture marked the test that uses it
+    assert "1 failed, 1 passed, 2 deselected" in out, out
+
+
+def test_the_readme_gives_the_fast_tier_that_scripts_test_runs(pytestconfig):
+    script = (ROOT / "scripts" / "test").read_text()
+    expression = re.search(r'markers=\(-m "([^"]+)"\)', script).group(1)
+    readme = (ROOT / "README.md").read_text()
+    assert "PHASESWEEP_FAST=1 bash scripts/test" in readme
+    assert f'pytest -m "{expression}"' in readme
+    left_out = set(re.findall(r"not (\w+)", expression))
+    registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
+    assert left_out == {"slow", "heavy", "ray", "process"} and left_out <= registered
