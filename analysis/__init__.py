@@ -21,17 +21,18 @@ The pure cores live in :mod:`analysis._escape`, :mod:`analysis._plateaus`,
 
 from __future__ import annotations
 
-from phasesweep._lazy import lazy_exports
+from typing import TYPE_CHECKING
 
-#: Public name -> the module that defines it, imported on first access: the sweep spec
-#: composes :mod:`analysis.config`, and importing it must not load pandas or matplotlib.
-_EXPORTS = {
-    "analyze": "phasesweep.analysis._analyze",
-    "draw": "phasesweep.analysis._plotting",
-    "phase_diagram_sql": "phasesweep.analysis._phase",
-    "plot": "phasesweep.analysis._plotting",
-    "report": "phasesweep.analysis._report",
-}
+#: Imported on first access (:mod:`phasesweep._lazy`): the sweep spec composes
+#: :mod:`analysis.config`, and importing it must not load pandas or matplotlib.
+if TYPE_CHECKING:
+    from phasesweep.analysis._analyze import analyze
+    from phasesweep.analysis._phase import phase_diagram_sql
+    from phasesweep.analysis._plotting import draw, plot
+    from phasesweep.analysis._report import report
+else:
+    from phasesweep._lazy import lazy_exports
 
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+    __getattr__, __dir__ = lazy_exports(globals())
+
+__all__ = ["analyze", "draw", "phase_diagram_sql", "plot", "report"]

@@ -73,16 +73,19 @@ def grid_spec(name: str, points: int, steps: int) -> dict[str, Any]:
 
 
 def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run ``cmd``; its wall time and the peak of the summed RSS of its process tree
-    (sampled every 0.2 s), in seconds and MiB. Fails loudly if it fails."""
+    """Run ``cmd``; its wall time, the peak of the summed RSS of its process tree and the
+    peak RSS of its own process (the driver), sampled every 0.2 s, in seconds and MiB.
+    Fails loudly if it fails."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     root = psutil.Process(proc.pid)
-    peak = 0
+    peak = own = 0
     while proc.poll() is None:
         total = 0
+        with contextlib.suppress(psutil.NoSuchProcess):
+            own = max(own, root.memory_info().rss)
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
@@ -95,7 +98,12 @@ def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, flo
     out, err = proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err[-2000:]}")
-    return {"seconds": time.perf_counter() - start, "MiB": peak / 2**20, "stderr": err[-500:]}
+    return {
+        "seconds": time.perf_counter() - start,
+        "MiB": peak / 2**20,
+        "driver_MiB": own / 2**20,
+        "stderr": err[-500:],
+    }
 
 
 def _write_spec(folder: Path, spec: dict[str, Any]) -> Path:
@@ -169,7 +177,17 @@ def launch(points: int, steps: int, folder: Path) -> dict[str, float]:
     store = folder / f"store{points}x{steps}"
     cmd = [str(BIN / "phasesweep"), "run", str(spec), "--store", str(store), "--no-progress"]
     got = measured(cmd)
-    return {"points": points, "steps": steps, "seconds": got["seconds"], "MiB": got["MiB"]}
+    import pyarrow.dataset as ds
+
+    stored = ds.dataset(store / "runs", format="parquet").count_rows()  # every point, once
+    return {
+        "points": points,
+        "steps": steps,
+        "seconds": got["seconds"],
+        "MiB": got["MiB"],
+        "driver_MiB": got["driver_MiB"],
+        "stored": stored,
+    }
 
 
 MODES = {
@@ -241,7 +259,8 @@ def markdown(report: dict[str, Any]) -> str:
     for x in report["launch"]:
         lines.append(
             f"| launch {x['points']:.0e} points × {x['steps']} steps | {x['seconds']:.1f} s, "
-            f"peak summed RSS {x['MiB'] / 1024:.2f} GiB | ≤ {RSS_TARGET_GIB} GiB |"
+            f"peak summed RSS {x['MiB'] / 1024:.2f} GiB (driver {x['driver_MiB']:.0f} MiB) "
+            f"| ≤ {RSS_TARGET_GIB} GiB |"
         )
     ratio = report["launch_ratio"]
     verdict = "met" if ratio <= RATIO_TARGET else "missed"

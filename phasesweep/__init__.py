@@ -37,36 +37,59 @@ name of another module (``tests/test_surface.py`` checks it).
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-
-from phasesweep._lazy import lazy_exports
+from typing import TYPE_CHECKING
 
 try:
     __version__ = version("phasesweep")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-#: Public name -> the module that defines it (imported on first access).
-_EXPORTS = {
-    "load_spec": "phasesweep._api",
-    "expand": "phasesweep._api",
-    "plan": "phasesweep._api",
-    "run": "phasesweep._api",
-    "status": "phasesweep._api",
-    "connect": "phasesweep._api",
-    "table": "phasesweep._api",
-    "phase_diagram": "phasesweep._api",
-    "analyze": "phasesweep._api",
-    "plot": "phasesweep._api",
-    "report": "phasesweep._api",
-    "draw": "phasesweep.analysis",
-    "StoreError": "phasesweep._api",
-    "UnknownSweepError": "phasesweep._api",
-    "Plan": "phasesweep.pipeline._launch",
-    "Status": "phasesweep.pipeline._launch",
-    "SweepOutcome": "phasesweep.pipeline._driver",
-    "SpecError": "phasesweep.pipeline.spec",
-    "SweepSpec": "phasesweep.pipeline.spec",
-}
+#: Imported on first access (:mod:`phasesweep._lazy`).
+if TYPE_CHECKING:
+    from phasesweep.analysis import draw
+    from phasesweep.pipeline._driver import SweepOutcome
+    from phasesweep.pipeline._launch import Plan, Status
+    from phasesweep.pipeline.spec import SpecError, SweepSpec
 
-__all__ = ["__version__", *_EXPORTS]
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+    from phasesweep._api import (
+        StoreError,
+        UnknownSweepError,
+        analyze,
+        connect,
+        expand,
+        load_spec,
+        phase_diagram,
+        plan,
+        plot,
+        report,
+        run,
+        status,
+        table,
+    )
+else:
+    from phasesweep._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(globals())
+
+__all__ = [
+    "__version__",
+    "load_spec",
+    "expand",
+    "plan",
+    "run",
+    "status",
+    "connect",
+    "table",
+    "phase_diagram",
+    "analyze",
+    "plot",
+    "report",
+    "draw",
+    "StoreError",
+    "UnknownSweepError",
+    "Plan",
+    "Status",
+    "SweepOutcome",
+    "SpecError",
+    "SweepSpec",
+]

@@ -16,10 +16,19 @@ Concurrency: :func:`train_chunk` uses the calling process's torch threads; set
 cores, small batched ops slow down by an order of magnitude).
 """
 
+from typing import TYPE_CHECKING
+
 from phasesweep.pipeline._grid import Chunk, Point, expand, make_chunks, run_id_of
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
-from phasesweep._lazy import lazy_exports
+#: The trainer pulls in torch: imported on first use so the CLI starts fast
+#: (:mod:`phasesweep._lazy`).
+if TYPE_CHECKING:
+    from phasesweep.pipeline._trainer import train_chunk
+else:
+    from phasesweep._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(globals())
 
 __all__ = [
     "Chunk",
@@ -34,6 +43,3 @@ __all__ = [
     "train_chunk",
     "validate_spec",
 ]
-
-#: The trainer pulls in torch: imported on first use so the CLI starts fast.
-__getattr__, __dir__ = lazy_exports(globals(), {"train_chunk": "phasesweep.pipeline._trainer"})

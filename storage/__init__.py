@@ -6,27 +6,28 @@ module (the tables, their column docs and ``to_table``); the ``_`` modules behin
 names re-exported here are private details that may move.
 """
 
+from typing import TYPE_CHECKING
+
 from phasesweep.storage import schema
 
-from phasesweep._lazy import lazy_exports
+#: The trainer needs only :mod:`storage.schema`, and a GPU machine that runs it alone
+#: (``scripts/gpu-check``) need not have DuckDB or fsspec: the rest is imported on first
+#: access (:mod:`phasesweep._lazy`).
+if TYPE_CHECKING:
+    from phasesweep.storage._catalog import open_catalog
+    from phasesweep.storage._maintenance import compact, verify
+    from phasesweep.storage._query import (
+        ReadOnlyQueryError,
+        query_table,
+        run_query,
+        sql_condition,
+    )
+    from phasesweep.storage._store import DamagedFileWarning, Store, resolve_store_uri
+    from phasesweep.storage._writer import UnsafePathError, safe_output_path
+else:
+    from phasesweep._lazy import lazy_exports
 
-#: Public name -> the module that defines it, imported on first access: the trainer needs
-#: only :mod:`storage.schema`, and a GPU machine that runs it alone (``scripts/gpu-check``)
-#: need not have DuckDB or fsspec.
-_EXPORTS = {
-    "DamagedFileWarning": "phasesweep.storage._store",
-    "ReadOnlyQueryError": "phasesweep.storage._query",
-    "Store": "phasesweep.storage._store",
-    "UnsafePathError": "phasesweep.storage._writer",
-    "compact": "phasesweep.storage._maintenance",
-    "open_catalog": "phasesweep.storage._catalog",
-    "query_table": "phasesweep.storage._query",
-    "resolve_store_uri": "phasesweep.storage._store",
-    "run_query": "phasesweep.storage._query",
-    "safe_output_path": "phasesweep.storage._writer",
-    "sql_condition": "phasesweep.storage._query",
-    "verify": "phasesweep.storage._maintenance",
-}
+    __getattr__, __dir__ = lazy_exports(globals())
 
 __all__ = [
     "DamagedFileWarning",
@@ -43,4 +44,3 @@ __all__ = [
     "sql_condition",
     "verify",
 ]
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

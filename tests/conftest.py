@@ -248,9 +248,9 @@ def shared_ray() -> Iterator[str]:
     For tests whose subject is not the embedded instance itself, and whose trials need
     nothing from the launch's environment (trials run in the shared instance's).
 
-    Not for launches in this process: Ray keeps the first instance's authentication
-    settings for the life of a process (a new local Ray turns token auth on, the standing
-    one runs without), so a process that ran an embedded launch cannot join it."""
+    Not for launches in this process: Ray keeps much of the first instance's settings for
+    the life of a process (its session, its token's path), so a test process that ran an
+    embedded launch is no place to join another instance."""
     folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")  # short: Ray's socket paths
     previous = os.environ.get("PHASESWEEP_STANDING_DIR")
     os.environ["PHASESWEEP_STANDING_DIR"] = folder  # where the CLI's processes find it

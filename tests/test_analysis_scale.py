@@ -466,6 +466,7 @@ def test_analyze_memory_does_not_grow_with_the_runs(scale_stores, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("what", ["plot", "report"])
 def test_figures_memory_does_not_grow_with_the_runs(scale_stores, tmp_path, what):
     from phasesweep.analysis import analyze

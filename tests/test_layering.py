@@ -190,3 +190,34 @@ def test_the_lazy_analysis_package_resolves_its_public_functions():
         "phasesweep.analysis._plotting.draw",
         "phasesweep.analysis._plotting.plot",
     ]
+
+
+@pytest.mark.parametrize("package", ["phasesweep", "pipeline", "storage", "analysis"])
+def test_every_public_name_resolves_and_static_tools_see_the_lazy_ones(package):
+    """Each name of ``__all__`` is a module attribute; the lazy ones are exactly what the
+    ``if TYPE_CHECKING:`` block imports (what pyright reads), each the object its module
+    defines; an unknown name is an AttributeError, not a lazy import."""
+    import importlib
+
+    from phasesweep._lazy import type_checking_imports
+
+    name = "phasesweep" if package == "phasesweep" else f"phasesweep.{package}"
+    module = importlib.import_module(name)
+    lazy = type_checking_imports(Path(module.__file__).read_text())
+    assert lazy and set(lazy) <= set(module.__all__)
+    for attr in module.__all__:
+        value = getattr(module, attr)
+        if attr in lazy:
+            assert value is getattr(importlib.import_module(lazy[attr]), attr)
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name  # noqa: B018
+
+
+def test_type_checking_imports_read_only_absolute_from_imports():
+    from phasesweep._lazy import type_checking_imports
+
+    text = "if TYPE_CHECKING:\n    from a.b import c, d as e\nelse:\n    from x import y\n"
+    assert type_checking_imports(text) == {"c": "a.b", "e": "a.b"}
+    with pytest.raises(ValueError, match="import os"):
+        type_checking_imports("if TYPE_CHECKING:\n    import os\n")

@@ -259,3 +259,31 @@ def test_launch_benchmark_at_one_repeat(tmp_path):
             assert folder not in cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.ray
+@pytest.mark.process
+def test_scale_benchmark_at_toy_size(tmp_path):
+    """Every piece of benchmarks/scale.py at toy size: the dry run, the per-point phases
+    (the pipeline is everything but training), both launches storing every point once, and
+    the table that reports them."""
+    from benchmarks import scale
+
+    report = scale.run("toy", tmp_path)
+    assert [p["points"] for p in report["plan"]] == [1000]
+    assert all(p["seconds"] > 0 and p["MiB"] > 50 for p in report["plan"])
+    pp = report["per_point"]
+    phases = {"plan", "expand", "claim", "done-check", "set-up", "train", "metrics", "tables"}
+    assert phases | {"write"} <= set(pp) and all(pp[k] > 0 for k in phases)
+    assert math.isclose(
+        pp["pipeline"], sum(v for k, v in pp.items() if k not in ("train", "pipeline"))
+    )
+    small, large = report["launch"]
+    assert (small["stored"], large["stored"]) == (40, 400)
+    assert all(0 < x["driver_MiB"] < x["MiB"] for x in report["launch"])  # Ray's share too
+    assert small["points"] * small["steps"] == large["points"] * large["steps"]  # member-steps
+    assert math.isclose(report["launch_ratio"], large["seconds"] / small["seconds"])
+    md = (tmp_path / "toy.scale.md").read_text()
+    assert "| launch ratio (more points / fewer) |" in md and "per point, pipeline" in md
+    assert json.loads((tmp_path / "toy.scale.json").read_text())["launch"] == report["launch"]
