@@ -4,11 +4,14 @@ What a sweep of 10⁶–10⁷ tiny trainings costs beyond its training, on this 
 
 - **plan**: ``phasesweep run --dry-run`` of 10⁶ and 10⁷ points: wall time and peak
   RSS of the process (the plan holds chunk descriptors, never a list of points);
-- **per point**: one chunk of the launch grid trained in one process, CPU time per
-  point of each phase: plan (the whole grid's, per point), expand (the trial builds its
-  points), claim, done-check, set-up (data and initial weights), train (the step
-  loop), metrics (logged steps), tables and write (the Parquet commit); the
-  pipeline's cost per point is everything but train;
+- **per point**: one chunk of the launch grid trained in one process after another
+  (which pays the first calls' costs), CPU time per point of each phase: plan (the
+  whole grid's, per point), expand (the trial builds its points), claim, done-check,
+  set-up (data and initial weights), train (the step loop), metrics (logged steps),
+  tables and write (the Parquet commit). The pipeline's cost per point (target
+  ≤ 100 µs) is plan, expand, claim, done-check and write: what a launch adds per point
+  to the trainer; set-up, metrics and tables are the trainer's own per-point work
+  beside its step loop;
 - **launch**: ``phasesweep run`` of the same member-steps twice, 10⁵ points × 100
   steps and 10⁶ points × 10 steps (the full mode; a tenth of each in ``--quick``):
   wall times, their ratio (target ≤ 1.5: per-point cost is small beside training),
@@ -50,6 +53,11 @@ BIN = Path(sys.executable).parent
 RATIO_TARGET = 1.5
 RSS_TARGET_GIB = 3.0
 PLAN_TARGET = {"seconds": 10.0, "MiB": 500.0}  # a 10^7-point dry run
+
+
+#: The per-point phases that make the pipeline's cost, and the trainer's beside its steps.
+PIPELINE = ("plan", "expand", "claim", "done-check", "write")
+BESIDE_STEPS = ("set-up", "metrics", "tables")
 
 
 def grid_spec(name: str, points: int, steps: int) -> dict[str, Any]:
@@ -144,12 +152,7 @@ def per_point(chunk_points: int, steps: int, grid_points: int) -> dict[str, floa
         cpu[name] = cpu.get(name, 0.0) + time.process_time() - start
         return result
 
-    with tempfile.TemporaryDirectory() as folder:
-        store = Store.open(folder)
-        grid = timed("plan", Grid, spec)
-        tasks = timed("plan", plan_chunks, grid, min_chunks=2)
-        cpu["plan"] *= chunk_points / grid_points  # the whole grid's plan, per point
-        task = tasks[0]
+    def chunk_phases(store: Store, task) -> int:  # noqa: ANN001
         chunk = timed("expand", expand_task, grid, task)
         ids = [p.run_id for p in chunk.points]
         group = group_tag(chunk.points[0].config)
@@ -165,9 +168,21 @@ def per_point(chunk_points: int, steps: int, grid_points: int) -> dict[str, floa
             cpu[name] = run_cpu * trainer.timing[key] / wall  # the run's CPU, split as its wall
         timed("write", store.write_chunk, "perpoint", chunk.chunk_id, tables)
         timed("claim", lease.release)
-    n = len(chunk.points)
-    out = {name: seconds / n * 1e6 for name, seconds in cpu.items()}
-    out["pipeline"] = sum(v for k, v in out.items() if k != "train")
+        return len(chunk.points)
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store.open(folder)
+        grid = timed("plan", Grid, spec)
+        tasks = timed("plan", plan_chunks, grid, min_chunks=2)
+        plan_cpu = cpu["plan"] * chunk_points / grid_points  # the whole grid's plan, per point
+        # a trial's first chunk pays imports and first calls once; time a later one, as a
+        # trial of a long launch (its actor is reused) trains most of its chunks
+        chunk_phases(store, tasks[1])
+        cpu.clear()
+        n = chunk_phases(store, tasks[0])
+    out = {"plan": plan_cpu / n * 1e6} | {name: s / n * 1e6 for name, s in cpu.items()}
+    out["pipeline"] = sum(out[k] for k in PIPELINE)
+    out["trainer_beside_steps"] = sum(out[k] for k in BESIDE_STEPS)
     return out
 
 
@@ -256,9 +271,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"{p['MiB']:.0f} MiB | {target}{mark} |"
         )
     pp = report["per_point"]
-    phases = ", ".join(f"{k} {v:.1f}" for k, v in pp.items() if k != "pipeline")
+    phases = ", ".join(f"{k} {pp[k]:.1f}" for k in (*PIPELINE, *BESIDE_STEPS, "train"))
     lines.append(f"| per point, CPU µs | {phases} | |")
-    lines.append(f"| per point, pipeline (all but train) | {pp['pipeline']:.1f} µs | ≤ 100 µs |")
+    verdict = "met" if pp["pipeline"] <= 100 else "missed"
+    lines.append(
+        f"| per point, pipeline ({', '.join(PIPELINE)}) | {pp['pipeline']:.1f} µs "
+        f"| ≤ 100 µs ({verdict}) |"
+    )
+    lines.append(
+        f"| per point, trainer beside its steps ({', '.join(BESIDE_STEPS)}) "
+        f"| {pp['trainer_beside_steps']:.1f} µs | |"
+    )
     for x in report["launch"]:
         lines.append(
             f"| launch {x['points']:.0e} points × {x['steps']} steps | {x['seconds']:.1f} s, "

@@ -647,8 +647,9 @@ def test_scale_benchmark_at_toy_size(tmp_path):
     assert list(res["commands"]) == list(scale_analysis.commands(tmp_path, tmp_path))
     for c in res["commands"].values():
         assert c["seconds"] > 0 and c["cpu_seconds"] > 0 and c["MiB"] > 50
-    again = scale_analysis.measure(100, tmp_path, runs_per_file=32, steps=200, log_points=20)
-    assert again["build_seconds"] is None  # the store is kept
+    options = {"runs_per_file": 32, "steps": 200, "log_points": 20}
+    root, runs, build = scale_analysis.build_store(100, tmp_path, **options)
+    assert (runs, build) == (128, None) and root.is_dir()  # the store is kept
     assert "| 128 | analyze |" in scale_analysis.table([res])
 
 

@@ -147,7 +147,8 @@ def test_missing_store_is_an_error_not_an_empty_store(phasesweep_cli, tmp_path, 
     missing = tmp_path / "no_such_store"
     code, out, err = _run(phasesweep_cli, [*args, "--store", str(missing)])
     assert code == 2 and out == ""
-    assert f"--store = '{missing}'" in err and "no store there" in err
+    # the path as given, or cut in the middle where long
+    assert f"--store = '{str(missing)[:12]}" in err and "no store there" in err
     _one_line_error(err)
     assert not missing.exists()
 

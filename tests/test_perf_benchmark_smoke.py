@@ -266,7 +266,7 @@ def test_launch_benchmark_at_one_repeat(tmp_path):
 @pytest.mark.process
 def test_scale_benchmark_at_toy_size(tmp_path):
     """Every piece of benchmarks/scale.py at toy size: the dry run, the per-point phases
-    (the pipeline is everything but training), both launches storing every point once, and
+    (the pipeline's and the trainer's shares), both launches storing every point once, and
     the table that reports them."""
     from benchmarks import scale
 
@@ -276,9 +276,9 @@ def test_scale_benchmark_at_toy_size(tmp_path):
     pp = report["per_point"]
     phases = {"plan", "expand", "claim", "done-check", "set-up", "train", "metrics", "tables"}
     assert phases | {"write"} <= set(pp) and all(pp[k] > 0 for k in phases)
-    assert math.isclose(
-        pp["pipeline"], sum(v for k, v in pp.items() if k not in ("train", "pipeline"))
-    )
+    assert math.isclose(pp["pipeline"], sum(pp[k] for k in scale.PIPELINE))
+    assert math.isclose(pp["trainer_beside_steps"], sum(pp[k] for k in scale.BESIDE_STEPS))
+    assert {*scale.PIPELINE, *scale.BESIDE_STEPS, "train"} == phases | {"write"}
     small, large = report["launch"]
     assert (small["stored"], large["stored"]) == (40, 400)
     assert all(0 < x["driver_MiB"] < x["MiB"] for x in report["launch"])  # Ray's share too
