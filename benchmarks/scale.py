@@ -92,15 +92,16 @@ def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, flo
     peak = own = 0
     while proc.poll() is None:
         total = 0
-        with contextlib.suppress(psutil.NoSuchProcess):
-            own = max(own, root.memory_info().rss)
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             break
         for p in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                total += rss
+                if p is root:
+                    own = max(own, rss)
         peak = max(peak, total)
         time.sleep(0.2)
     out, err = proc.communicate()
