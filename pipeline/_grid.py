@@ -680,6 +680,17 @@ def step_flops(dims: Sequence[int], rows: int) -> float:
 CPU_CHUNK_MEMBERS = 1024
 CPU_CHUNK_BUDGET_MB = 1024
 
+#: Training work (FLOPs, :func:`flops_per_step` × steps, summed over members) that a CPU
+#: chunk of briefly trained members holds at least: about a second of one core of the
+#: project's machines (benchmarks/scale: 7 µs per step of a 135 kFLOP member). A trial
+#: has fixed costs beside its training (Tune's scheduling of it, the claim, the done-check
+#: and three store files, ~0.1 s), so a grid of 10⁶ points × 10 steps cut into chunks of
+#: 1024 members spends more on trials than on training. Such chunks grow up to
+#: :data:`CPU_CHUNK_MAX_MEMBERS`, still within the memory budget; at 10⁴ or more
+#: member-steps of work each, chunks keep :data:`CPU_CHUNK_MEMBERS`.
+CPU_CHUNK_WORK = 2e10
+CPU_CHUNK_MAX_MEMBERS = 8192
+
 #: Part of a GPU trial's device memory (the card's memory times ``--gpus-per-trial``) that
 #: one chunk may fill where the spec leaves ``execution.memory_budget_mb`` unset: the
 #: trainer runs the whole ensemble as one block where it fits half the free memory
@@ -694,7 +705,8 @@ def chunk_members(
     """Most members of one chunk of points shaped like ``config``.
 
     On the CPU (``device_memory`` None): ``execution.max_chunk_size`` (default
-    :data:`CPU_CHUNK_MEMBERS`) and ``execution.memory_budget_mb`` (default
+    :data:`CPU_CHUNK_MEMBERS`, more for members that train briefly: see
+    :data:`CPU_CHUNK_WORK`) and ``execution.memory_budget_mb`` (default
     :data:`CPU_CHUNK_BUDGET_MB`) over :func:`member_bytes`. On a GPU trial of
     ``device_memory`` bytes: as many members as :data:`DEVICE_CHUNK_FRACTION` of it holds
     at :func:`member_bytes` plus the metrics' working set (:func:`metrics_bytes`) each,
@@ -704,7 +716,9 @@ def chunk_members(
     cap, budget_mb = execution.max_chunk_size, execution.memory_budget_mb
     per = member_bytes(config)
     if device_memory is None:
-        cap = CPU_CHUNK_MEMBERS if cap is None else cap
+        if cap is None:
+            work = flops_per_step(config) * config.train.steps
+            cap = min(max(int(CPU_CHUNK_WORK // work), CPU_CHUNK_MEMBERS), CPU_CHUNK_MAX_MEMBERS)
         budget = (CPU_CHUNK_BUDGET_MB if budget_mb is None else budget_mb) * 2**20
     else:
         per += metrics_bytes(config)

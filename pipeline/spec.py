@@ -635,7 +635,8 @@ class ExecutionConfig(Section):
         None,
         description=(
             "most members in one chunk (one Ray trial); the memory budget may make it smaller. "
-            "None: 1024 on the CPU; on a GPU as many as the memory budget holds."
+            "None: 1024 on the CPU (up to 8192 where 1024 members train for less than about a "
+            "second); on a GPU as many as the memory budget holds."
         ),
     )
     max_points: PositiveInt = Field(

@@ -227,6 +227,29 @@ def test_chunks_on_a_gpu_follow_its_memory_not_the_cpu_caps():
     assert len(tasks) == -(-(10**6) // on_gpu)
 
 
+def test_cpu_chunks_of_brief_trainings_hold_about_a_second_of_work():
+    """On the CPU, members that train briefly fill chunks past 1024, to
+    CPU_CHUNK_WORK FLOPs of training, at most CPU_CHUNK_MAX_MEMBERS and within the memory
+    budget; long trainings keep 1024; a limit the spec sets wins."""
+    spec = _spec({"seed": [0]}, model={"width": 16}, data={"input_dim": 10, "n_train": 64})
+    base = Grid(spec).group_config(())
+
+    def members(steps, **execution):
+        train = base.train.model_copy(update={"steps": steps})
+        config = base.model_copy(update={"train": train})
+        return chunk_members(config, spec.execution.model_copy(update=execution))
+
+    flops = _grid.flops_per_step(base)
+    assert flops == 6 * 64 * (10 * 16 + 16 * 1)
+    assert members(10**4) == _grid.CPU_CHUNK_MEMBERS
+    brief = members(100)
+    assert brief == int(_grid.CPU_CHUNK_WORK // (flops * 100)) > _grid.CPU_CHUNK_MEMBERS
+    assert members(1) == 2**30 // _grid.member_bytes(base) < _grid.CPU_CHUNK_MAX_MEMBERS
+    assert members(1, memory_budget_mb=4096) == _grid.CPU_CHUNK_MAX_MEMBERS
+    assert members(100, memory_budget_mb=100) == 100 * 2**20 // _grid.member_bytes(base) < brief
+    assert members(100, max_chunk_size=300) == 300
+
+
 def test_dry_run_plans_for_a_stated_device_memory(tmp_path, capsys):
     from phasesweep.pipeline._cli import main
 
