@@ -408,10 +408,19 @@ def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device 
     members (stride 0 along E): one copy in memory, and the training step, which checks
     the stride (:func:`pipeline._models.shares_input`), trains their first layer as one
     GEMM. The comparison is made here, once per chunk; it costs what stacking costs.
+
+    Members that share a dataset object (:func:`make_datasets`) are stacked once and
+    gathered by index: one copy kernel instead of one small copy per member (at 3,700
+    members of 370 seeds, a third of the chunk's set-up).
     """
+    slots: dict[int, int] = {}
+    index = [slots.setdefault(id(ds), len(slots)) for ds in datasets]
+    distinct = list({id(ds): ds for ds in datasets}.values())  # in the order of `slots`
+    gather = None if len(distinct) == len(datasets) else torch.tensor(index, device=device)
 
     def st(name: str) -> Tensor:
-        return torch.stack([getattr(ds, name) for ds in datasets]).to(device=device, dtype=dtype)
+        out = torch.stack([getattr(ds, name) for ds in distinct]).to(device=device, dtype=dtype)
+        return out if gather is None else out[gather]
 
     first = datasets[0].x_train
     if len(datasets) > 1 and all(

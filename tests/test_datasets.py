@@ -468,3 +468,20 @@ def test_the_facts_of_a_kind_hold_for_its_data(kind):
         assert len(torch.unique(x, dim=0)) == facts.paper_points
         assert torch.equal(x[: facts.paper_points], x[facts.paper_points :])
         assert set(make_dataset(cfg, seed=0).y_train.flatten().tolist()) == {-1.0, 1.0}
+
+
+def test_stacking_shared_datasets_equals_stacking_each_members_copy():
+    """Members sharing a dataset object are stacked once and gathered; the batch is the
+    one a stack of every member's own dataset gives, bit for bit."""
+    from phasesweep.pipeline._datasets import make_datasets, stack
+
+    cfg = _data(kind="teacher", n_train=8, n_test=5, input_dim=3, noise_sigma=0.1)
+    members = [(cfg, seed) for seed in (4, 1, 4, 4, 2, 1)]
+    shared = make_datasets(members)
+    assert len({id(ds) for ds in shared}) == 3
+    own = [make_dataset(c, s) for c, s in members]
+    got, want = stack(shared, torch.float32, "cpu"), stack(own, torch.float32, "cpu")
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.shape == b.shape == (6, *b.shape[1:]) and torch.equal(a, b), name
+    assert not torch.equal(got.y_test[0], got.y_test[1])  # members are not all one copy
