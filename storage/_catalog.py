@@ -302,8 +302,11 @@ def run_batches(
     index = ChunkFiles(store, "trajectories", files["trajectories"])
     wanted = ["run_id", *trajectory_columns]
     for start in range(0, runs.num_rows, batch_runs):
-        # buffers of its own: a slice would hold (and pickle) the whole sweep's strings
-        batch = runs.take(pa.array(range(start, min(start + batch_runs, runs.num_rows))))
+        # buffers of its own (take copies): a slice would hold (and pickle) the whole sweep's
+        # strings. Taken from the slice: a take from the whole table costs time linear in
+        # its rows (~25 ms a batch at 10⁶ runs, 12 s in all), from the slice in the batch's.
+        part = runs.slice(start, batch_runs)
+        batch = part.take(pa.array(range(part.num_rows)))
         yield batch, index.rows(batch.select(["run_id", "attempt"]), wanted)
 
 
