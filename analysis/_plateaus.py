@@ -59,7 +59,6 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import pandas as pd
 from phasesweep.analysis._series import Series, pairwise_sums
-from scipy.signal import find_peaks, peak_prominences
 
 _TINY = 1e-300
 #: contrasts are reported with the plateau rate floored at this fraction of the peak rate.
@@ -188,6 +187,10 @@ def _detect_all(
     seg_start = np.cumsum(n_seg) - n_seg
     local = np.arange(len(seg)) - seg_start[seg_run]
     line[offset[seg_run] + 1 + local] = log_rate
+    # imported here: scipy.signal takes ~1 s, which plot, report and analyze's driver
+    # (its workers detect) would spend for nothing
+    from scipy.signal import find_peaks, peak_prominences
+
     # find_peaks(line, prominence=log(contrast)) without the +inf peaks, whose prominences
     # would each take a walk over the whole line
     peaks, _ = find_peaks(line)
