@@ -8,7 +8,8 @@ of the three tables, so it can be rerun at any time (e.g. with other thresholds)
 and gives the same rows.
 
 :func:`analyze` streams: it reads the runs a batch at a time with their trajectories
-(``storage._catalog.run_batches``, as the catalog views show them), writes each
+(``storage._catalog.run_batch_reads``, as the catalog views show them; the worker
+process that analyzes a batch reads its trajectories), writes each
 batch's ``summaries`` and ``plateaus`` rows as they come, and keeps of every run only
 the few numbers the scaling fits need, so its memory does not grow with the trajectories
 of the sweep. Each run's numbers depend on its own rows only: the rows are those of
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -373,7 +374,7 @@ def analyze(
     processes besides this one, which reads and writes (default :func:`default_workers`;
     a sweep of one batch is analyzed here). Returns the number of rows written per table.
     """
-    from phasesweep.storage._catalog import run_batches
+    from phasesweep.storage._catalog import run_batch_reads
     from phasesweep.storage._store import as_store
 
     store = as_store(store)
@@ -382,7 +383,7 @@ def analyze(
     counts = {"summaries": 0, "plateaus": 0}
     kept: list[pa.Table] = []
     reach = Reach()
-    batches = run_batches(
+    batches = run_batch_reads(
         store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
     )
     with (
@@ -421,14 +422,15 @@ def default_workers() -> int:
 
 
 def _summarized(batches, cfg: AnalysisConfig, workers: int | None):
-    """:func:`_summarize` of every ``(runs, trajectories)`` batch, in their order: here, or
-    by ``workers`` worker processes (:class:`analysis._workers.Workers`)."""
+    """:func:`_summarize` of every ``(runs, read)`` batch (``read``: the ``ChunkRead`` of its
+    trajectories), in their order: here, or by ``workers`` worker processes
+    (:class:`analysis._workers.Workers`), which read the trajectories themselves."""
     from phasesweep.analysis._workers import Workers
 
     workers = default_workers() if workers is None else workers
     batches = iter(batches)
     first = list(itertools.islice(batches, 2))
-    calls = ((runs, traj, cfg) for runs, traj in itertools.chain(first, batches))
+    calls = ((runs, read, cfg) for runs, read in itertools.chain(first, batches))
     if workers < 1 or len(first) < 2:
         yield from (_summarize(*call) for call in calls)
         return
@@ -437,12 +439,13 @@ def _summarized(batches, cfg: AnalysisConfig, workers: int | None):
 
 
 def _summarize(
-    runs: pa.Table, traj: pa.Table, cfg: AnalysisConfig
+    runs: pa.Table, read: Callable[[], pa.Table], cfg: AnalysisConfig
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """One batch: its ``summaries`` and ``plateaus`` rows, and what the scaling fits keep
-    of its runs (``_FIT_INPUT`` and ``FIT_SUMMARY_COLUMNS``)."""
+    of its runs (``_FIT_INPUT`` and ``FIT_SUMMARY_COLUMNS``); ``read()`` gives its
+    trajectories."""
     frame = runs.select(RUN_COLUMNS).to_pandas()
-    s = ser.from_arrow(traj, TRAJECTORY_COLUMNS, frame["run_id"].to_numpy(object))
+    s = ser.from_arrow(read(), TRAJECTORY_COLUMNS, frame["run_id"].to_numpy(object))
     summaries, plateaus = compute_summaries(frame, s, cfg)
     fit_input = frame[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS])
     return (

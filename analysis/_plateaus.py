@@ -54,12 +54,11 @@ Conventions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
-from phasesweep.analysis._series import Series
-from scipy.signal import find_peaks, peak_prominences
+from phasesweep.analysis._series import Series, pairwise_sums
 
 _TINY = 1e-300
 #: contrasts are reported with the plateau rate floored at this fraction of the peak rate.
@@ -106,7 +105,28 @@ def detect_plateaus(
         min_duration_ratio=min_duration_ratio,
         floor=floor,
     )
-    return dict(found).get(0, [])
+    return [
+        Plateau(float(level), float(start), float(end), float(drop), float(c))
+        for level, start, end, drop, c in zip(
+            found.level, found.start, found.end, found.drop_frac, found.contrast, strict=True
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class _Found:
+    """Plateaus of many runs, (P,) each, sorted by run and then time: ``run`` indexes the
+    runs of the series; the others are :class:`Plateau`'s fields."""
+
+    run: np.ndarray
+    level: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    drop_frac: np.ndarray
+    contrast: np.ndarray
+
+    def take(self, i: np.ndarray) -> _Found:
+        return _Found(*(getattr(self, f.name)[i] for f in fields(self)))
 
 
 def _detect_all(
@@ -118,15 +138,16 @@ def _detect_all(
     min_duration_ratio: float,
     floor: float,
     skip: np.ndarray | None = None,
-):
-    """``(run, plateaus)`` of every run of ``s`` (finite rows, sorted by time) that has a
-    plateau, in run order; ``skip``: (R,) bool, runs left out.
+) -> _Found:
+    """The plateaus of every run of ``s`` (finite rows, sorted by time); ``skip``: (R,)
+    bool, runs left out.
 
     The detector's first stage runs on all runs at once: the rate ``log r`` of every
     segment (log-loss envelope over time, as :func:`detect_plateaus` describes) and its
     peaks, found by one ``find_peaks`` over the runs' rates laid end to end with ``+inf``
     between them (a peak's prominence then stops at its own run's ends, as it would on
-    the run alone). Only runs with a candidate peak go through the per-run selection.
+    the run alone). The selection among the candidate peaks (:func:`_select`) then runs
+    on all runs with a candidate at once too.
     """
     if contrast <= 1:
         raise ValueError(f"contrast must exceed 1, got {contrast}")
@@ -145,7 +166,7 @@ def _detect_all(
     rows = ok[run]
     time, loss, run = time[rows], loss[rows], run[rows]
     if not len(time):
-        return
+        return _Found(np.zeros(0, dtype=np.int64), *(np.zeros(0) for _ in range(5)))
     counts = np.bincount(run, minlength=s.n_runs)
     starts = np.cumsum(counts) - counts
     loss0 = loss[starts[run]]
@@ -166,6 +187,10 @@ def _detect_all(
     seg_start = np.cumsum(n_seg) - n_seg
     local = np.arange(len(seg)) - seg_start[seg_run]
     line[offset[seg_run] + 1 + local] = log_rate
+    # imported here: scipy.signal takes ~1 s, which plot, report and analyze's driver
+    # (its workers detect) would spend for nothing
+    from scipy.signal import find_peaks, peak_prominences
+
     # find_peaks(line, prominence=log(contrast)) without the +inf peaks, whose prominences
     # would each take a walk over the whole line
     peaks, _ = find_peaks(line)
@@ -174,105 +199,173 @@ def _detect_all(
     strong = prominence >= np.log(contrast)
     peaks, prominence = peaks[strong], prominence[strong]
     owner = np.searchsorted(offset, peaks, side="right") - 1
-    bounds = np.searchsorted(owner, np.arange(len(runs_in) + 1))
-    for i in np.flatnonzero(np.diff(bounds)):
-        r = runs_in[i]
-        rows_r = slice(starts[r], starts[r] + counts[r])
-        segs = slice(seg_start[i], seg_start[i] + n_seg[i])
-        found = _select(
-            peaks[bounds[i] : bounds[i + 1]] - offset[i] - 1,
-            prominence[bounds[i] : bounds[i + 1]],
-            log_rate[segs],
-            ell[rows_r],
-            env[rows_r],
-            time[rows_r],
-            contrast=contrast,
-            min_drop=min_drop,
-            min_duration_ratio=min_duration_ratio,
-        )
-        if found:
-            yield r, found
+    found = _select(
+        _Candidates(owner, peaks - offset[owner] - 1, prominence),
+        _Curves(starts[runs_in], seg_start, n_seg, time, ell, env, log_rate),
+        contrast=contrast,
+        min_drop=min_drop,
+        min_duration_ratio=min_duration_ratio,
+    )
+    return replace(found, run=runs_in[found.run])
+
+
+@dataclass(frozen=True)
+class _Curves:
+    """The first stage's numbers of the runs with rows: run ``i``'s rows (``time``, ``ell``
+    = clipped log loss, ``env`` = its running minimum) are ``rows[i] + j`` for its local
+    rows ``j = 0 … n_seg[i]``, its segments (``log_rate``, between rows j and j + 1)
+    ``segs[i] + j`` for ``j < n_seg[i]``."""
+
+    rows: np.ndarray  # (I,) int64
+    segs: np.ndarray  # (I,) int64
+    n_seg: np.ndarray  # (I,) int64
+    time: np.ndarray  # (N,) float64
+    ell: np.ndarray  # (N,) float64
+    env: np.ndarray  # (N,) float64
+    log_rate: np.ndarray  # (S,) float64
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Candidate drops, (C,) each, sorted by run and then segment: the run (an index of
+    :class:`_Curves`), the peak's local segment and its prominence."""
+
+    run: np.ndarray
+    peak: np.ndarray
+    prominence: np.ndarray
 
 
 def _select(
-    peaks: np.ndarray,
-    prominences: np.ndarray,
-    log_rate: np.ndarray,
-    ell: np.ndarray,
-    env: np.ndarray,
-    t: np.ndarray,
+    cand: _Candidates,
+    curves: _Curves,
     *,
     contrast: float,
     min_drop: float,
     min_duration_ratio: float,
-) -> list[Plateau]:
-    """The plateaus of one run from its candidate drops ``peaks`` (segment indices, with
-    their ``prominences``): failing candidates are dropped, weakest first."""
-    kept = list(peaks)
-    prom = dict(zip(peaks, prominences))
-    final_level = float(np.exp(env[-1]))
-    while kept:
-        plateaus, drop_times = _plateaus_for(kept, log_rate, ell, env, t, contrast, final_level)
-        failing = [
-            i
-            for i, (p, (d, steep)) in enumerate(zip(plateaus, drop_times))
-            if min(p.drop_frac, steep) < min_drop or p.duration < min_duration_ratio * d
-        ]
-        if not failing:
-            return plateaus
-        # Drop the weakest failing peak; its plateau merges with the next one.
-        worst = min(failing, key=lambda i: prom[kept[i]])
-        kept.pop(worst)
-    return []
+) -> _Found:
+    """The plateaus of every run from its candidate drops, ``run`` an index of ``curves``:
+    while some of a run's drops fail the guards (:func:`_plateaus_for`), its weakest
+    failing one (lowest prominence; the first of equal ones) is dropped, and its plateau
+    merges into the next; a run that passes keeps its drops' plateaus. Each round handles
+    every run still selecting at once."""
+    kept = np.ones(len(cand.run), dtype=bool)
+    selecting = np.ones(len(curves.rows), dtype=bool)
+    passed: list[_Found] = []
+    while True:
+        now = np.flatnonzero(kept & selecting[cand.run])
+        if not len(now):
+            break
+        run = cand.run[now]
+        found, failing = _plateaus_for(
+            run,
+            cand.peak[now],
+            curves,
+            contrast=contrast,
+            min_drop=min_drop,
+            min_duration_ratio=min_duration_ratio,
+        )
+        fails = np.zeros(len(selecting), dtype=bool)
+        fails[run[failing]] = True
+        done = ~fails[run]
+        passed.append(replace(found.take(done), run=now[done]))
+        selecting[run[done]] = False
+        bad = np.flatnonzero(failing)
+        bad = bad[np.lexsort((bad, cand.prominence[now[bad]], run[bad]))]
+        worst = bad[np.diff(run[bad], prepend=-1) != 0]  # the first of each run
+        kept[now[worst]] = False
+    if not passed:
+        return _Found(np.zeros(0, dtype=np.int64), *(np.zeros(0) for _ in range(5)))
+    every = _Found(*(np.concatenate([getattr(f, x.name) for f in passed]) for x in fields(_Found)))
+    every = every.take(np.argsort(every.run, kind="stable"))  # candidates in run, time order
+    return replace(every, run=cand.run[every.run])
 
 
 def _plateaus_for(
-    kept: list[int],
-    log_rate: np.ndarray,
-    ell: np.ndarray,
-    env: np.ndarray,
-    t: np.ndarray,
+    run: np.ndarray,
+    peak: np.ndarray,
+    c: _Curves,
+    *,
     contrast: float,
-    final_level: float,
-) -> tuple[list[Plateau], list[float]]:
-    """Plateaus ending in the drops ``kept`` (segment indices), and each drop's duration."""
-    spans = []
-    prev = -1
-    rates = log_rate.tolist()  # scalar reads, as Python floats (the same doubles)
+    min_drop: float,
+    min_duration_ratio: float,
+) -> tuple[_Found, np.ndarray]:
+    """The plateaus ending in the drops ``peak`` (local segments, (K,), sorted by ``run``
+    and then segment: the drops kept so far of the runs selecting), and which fail the
+    guards, (K,) bool. ``_Found.run`` holds positions in ``peak``.
+
+    Each run's numbers are those of a loop over its drops, to the bit: sums as ``np.sum``
+    sums (:func:`series.pairwise_sums`), the first of equal minima."""
+    k = len(run)
+    same = np.diff(run, prepend=-1) == 0  # a drop of the same run comes before
+    lo = np.where(same, np.concatenate([[-1], peak[:-1]]), -1) + 1
+    hi = peak - 1  # the segments strictly between the previous drop and this one
+    rows, segs = c.rows[run], c.segs[run]
     log_c = np.log(contrast)
-    dt = np.diff(t)
-    for p in kept:
-        lo, hi = prev + 1, p - 1  # segments strictly between the previous drop and this one
-        v = lo + int(np.argmin(log_rate[lo : hi + 1]))
-        thr = rates[p] - log_c
-        a = b = v
-        while a - 1 >= lo and rates[a - 1] <= thr:
-            a -= 1
-        while b + 1 <= hi and rates[b + 1] <= thr:
-            b += 1
-        # the drop lasts while the rate stays above thr: until the first slow segment after p
-        slow = np.flatnonzero(log_rate[p + 1 :] <= thr)
-        k_end = p + 1 + int(slow[0]) if len(slow) else len(t) - 1
-        drop_end = float(t[k_end])
-        level = float(np.exp(ell[a : b + 2].sum() / (b + 2 - a)))
-        c = float(np.exp(min(rates[p] - rates[v], np.log(MAX_CONTRAST))))
-        steep = 1.0 - float(np.exp(env[k_end] - env[b + 1]))
-        # mean rate over the whole plateau against the mean rate over the core of the drop
-        # (its segments within sqrt(contrast) of the peak rate): the steep part's ramps
-        # would dilute a short drop between two close saddles
-        rate_plateau = (env[a] - env[b + 1]) / (t[b + 1] - t[a])
-        core = b + 1 + np.flatnonzero(log_rate[b + 1 : k_end] >= rates[p] - 0.5 * log_c)
-        rate_core = (env[core] - env[core + 1]).sum() / max(dt[core].sum(), 1e-300)
-        if rate_core < contrast * rate_plateau:
-            steep = 0.0  # not an acceleration on average: noise
-        spans.append((level, float(t[a]), float(t[b + 1]), c, drop_end, steep))
-        prev = p
-    out, drop_times = [], []
-    for i, (level, start, end, c, drop_end, steep) in enumerate(spans):
-        nxt = spans[i + 1][0] if i + 1 < len(spans) else final_level
-        out.append(Plateau(level, start, end, 1.0 - nxt / level, c))
-        drop_times.append((drop_end - end, steep))
-    return out, drop_times
+    rate_p = c.log_rate[segs + peak]
+    thr = rate_p - log_c
+    # v: the slowest segment between the drops (the first of equal ones)
+    own, j = _ranges(lo, hi - lo + 1)
+    rates = c.log_rate[segs[own] + j]
+    slowest = np.minimum.reduceat(rates, np.cumsum(hi - lo + 1) - (hi - lo + 1))
+    v = _first(rates == slowest[own], own, j, k, -1)
+    # the plateau: the segments a..b around v (between the drops) with a rate <= thr
+    fast = ~(rates <= thr[own])
+    a = _last(fast & (j < v[own]), own, j, k, lo - 1) + 1
+    b = _first(fast & (j > v[own]), own, j, k, hi + 1) - 1
+    # the drop lasts while the rate stays above thr: until the first slow segment after it
+    own, j = _ranges(peak + 1, c.n_seg[run] - peak - 1)
+    k_end = _first(c.log_rate[segs[own] + j] <= thr[own], own, j, k, c.n_seg[run])
+    start, end, drop_end = c.time[rows + a], c.time[rows + b + 1], c.time[rows + k_end]
+    level = np.exp(pairwise_sums(c.ell, rows + a, b + 2 - a) / (b + 2 - a))
+    ratio = np.exp(np.minimum(rate_p - c.log_rate[segs + v], np.log(MAX_CONTRAST)))
+    steep = 1.0 - np.exp(c.env[rows + k_end] - c.env[rows + b + 1])
+    # mean rate over the whole plateau against the mean rate over the core of the drop
+    # (its segments within sqrt(contrast) of the peak rate): the steep part's ramps
+    # would dilute a short drop between two close saddles
+    rate_plateau = (c.env[rows + a] - c.env[rows + b + 1]) / (end - start)
+    own, j = _ranges(b + 1, k_end - b - 1)
+    core = c.log_rate[segs[own] + j] >= (rate_p - 0.5 * log_c)[own]
+    own, at = own[core], rows[own[core]] + j[core]
+    n_core = np.bincount(own, minlength=k)
+    first_core = np.cumsum(n_core) - n_core
+    fall = pairwise_sums(c.env[at] - c.env[at + 1], first_core, n_core)
+    span = pairwise_sums(c.time[at + 1] - c.time[at], first_core, n_core)
+    rate_core = fall / np.maximum(span, 1e-300)
+    steep[rate_core < contrast * rate_plateau] = 0.0  # not an acceleration on average: noise
+    # drop_frac: to the next plateau's level, or the run's final level
+    final = np.exp(c.env[rows + c.n_seg[run]])
+    nxt = np.where(np.diff(run, append=-1) == 0, np.append(level[1:], 0.0), final)
+    drop_frac = 1.0 - nxt / level
+    least = np.where(steep < drop_frac, steep, drop_frac)  # min(drop_frac, steep)
+    failing = (least < min_drop) | (end - start < min_duration_ratio * (drop_end - end))
+    return _Found(np.arange(k), level, start, end, drop_frac, ratio), failing
+
+
+def _ranges(first: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges ``first[i] … first[i] + length[i] - 1`` laid end to end: (their index i, the
+    value) per element; ``length`` may be 0."""
+    owner = np.repeat(np.arange(len(first)), length)
+    within = np.arange(len(owner)) - (np.cumsum(length) - length)[owner]
+    return owner, first[owner] + within
+
+
+def _first(flag: np.ndarray, owner: np.ndarray, j: np.ndarray, n: int, default) -> np.ndarray:
+    """(n,) per range: the first ``j`` where ``flag`` holds (``owner``, ``j``: of
+    :func:`_ranges`), else ``default`` (a scalar or (n,))."""
+    out = np.broadcast_to(np.asarray(default, dtype=np.int64), (n,)).copy()
+    o, jj = owner[flag], j[flag]
+    head = np.diff(o, prepend=-1) != 0
+    out[o[head]] = jj[head]
+    return out
+
+
+def _last(flag: np.ndarray, owner: np.ndarray, j: np.ndarray, n: int, default) -> np.ndarray:
+    """As :func:`_first`, the last ``j`` where ``flag`` holds."""
+    out = np.broadcast_to(np.asarray(default, dtype=np.int64), (n,)).copy()
+    o, jj = owner[flag], j[flag]
+    tail = np.diff(o, append=n) != 0
+    out[o[tail]] = jj[tail]
+    return out
 
 
 PLATEAU_COLUMNS = [
@@ -302,11 +395,7 @@ def plateau_frame(
     ``skip``: (R,) bool, runs to leave out (e.g. diverged); their count is -1.
     """
     s = series.select(column)
-    counts = np.zeros(s.n_runs, dtype=np.int64)
-    if skip is not None:
-        counts[skip] = -1
-    rows: list[tuple] = []
-    for r, found in _detect_all(
+    found = _detect_all(
         s,
         column,
         contrast=contrast,
@@ -314,13 +403,23 @@ def plateau_frame(
         min_duration_ratio=min_duration_ratio,
         floor=floor,
         skip=skip,
-    ):
-        counts[r] = len(found)
-        rid = s.run_ids[r]
-        rows.extend(
-            (rid, p.level, p.start, p.end, p.duration, i, p.drop_frac, p.contrast)
-            for i, p in enumerate(found)
-        )
-    frame = pd.DataFrame.from_records(rows, columns=PLATEAU_COLUMNS)
-    frame = frame.astype({"run_id": object, "plateau_index": np.int64})
+    )
+    counts = np.bincount(found.run, minlength=s.n_runs).astype(np.int64)
+    if skip is not None:
+        counts[skip] = -1
+    first = np.flatnonzero(np.diff(found.run, prepend=-1))  # each run's first plateau
+    index = np.arange(len(found.run)) - np.repeat(first, np.diff(first, append=len(found.run)))
+    frame = pd.DataFrame(
+        {
+            "run_id": s.run_ids[found.run].astype(object),
+            "level": found.level,
+            "start": found.start,
+            "end": found.end,
+            "duration": found.end - found.start,
+            "plateau_index": index.astype(np.int64),
+            "drop_frac": found.drop_frac,
+            "contrast": found.contrast,
+        },
+        columns=PLATEAU_COLUMNS,
+    )
     return frame, counts
