@@ -296,7 +296,7 @@ def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path
 
 
 def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go(
-    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+    tmp_path, tiny_spec, phasesweep_cli, shared_ray
 ):
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims, Renewer
@@ -309,8 +309,7 @@ def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go
     lease, _ = claims.acquire(held)  # a live other launch
     with Renewer(lease):
         proc = phasesweep_cli(
-            ["run", str(spec), "--store", str(store), "--no-progress"],
-            env_extra={"TMPDIR": str(short_tmp)},
+            ["run", str(spec), "--store", str(store), "--no-progress", "--address", shared_ray]
         )
         _wait_for(
             lambda: (store / "runs").exists() and len(set(_raw(store, "runs", "tiny").run_id)) == 4,
