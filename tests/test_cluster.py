@@ -341,7 +341,7 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
         spec = tiny_spec(
             {
                 "name": "killed",
-                "train.steps": 30000,
+                "train.steps": 15000,
                 "execution.max_chunk_size": 1,
                 "grid.seed": [0, 1, 2, 3],
             }

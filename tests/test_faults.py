@@ -187,13 +187,14 @@ def _checkpoint_step(path: Path) -> int:
     return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)["k"]
 
 
-#: Chunks that train for tens of seconds (10³-10⁴ steps/s), checkpointed every second;
-#: one CPU per trial, so two trials at once on a 2-core machine.
+#: Chunks that train for seconds (10³-10⁴ steps/s: 2-20 s), checkpointed every half second,
+#: so a chunk checkpoints well before it ends however fast the machine (the hold then keeps
+#: it mid-chunk); one CPU per trial, so two trials at once on a 2-core machine.
 LONG_CHUNKS = {
-    "train.steps": 40000,
+    "train.steps": 20000,
     "model.width": 32,
     "data.n_train": 32,
-    "execution.commit_every_seconds": 1.0,
+    "execution.commit_every_seconds": 0.5,
 }
 
 
@@ -229,11 +230,11 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     os.killpg(proc.pid, signal.SIGKILL)
     _, err = proc.communicate()
     assert len(_checkpoints(store)) == 2
-    assert all(0 < _checkpoint_step(p) < 40000 for p in _checkpoints(store))
+    assert all(0 < _checkpoint_step(p) < LONG_CHUNKS["train.steps"] for p in _checkpoints(store))
     assert not (store / "runs").exists()
     # progress moved during the chunks: no point done yet, member-steps and a rate shown
     during = [
-        re.search(r"0/6 points .* (\S+)/240k member-steps \[.*, ([0-9.]+k?) member-steps/s\]", s)
+        re.search(r"0/6 points .* (\S+)/120k member-steps \[.*, ([0-9.]+k?) member-steps/s\]", s)
         for s in err.splitlines()
     ]
     assert any(m and m.group(1) != "0" for m in during), err[-2000:]
@@ -296,7 +297,7 @@ def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path
 
 
 def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go(
-    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+    tmp_path, tiny_spec, phasesweep_cli, shared_ray
 ):
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims, Renewer
@@ -309,8 +310,7 @@ def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go
     lease, _ = claims.acquire(held)  # a live other launch
     with Renewer(lease):
         proc = phasesweep_cli(
-            ["run", str(spec), "--store", str(store), "--no-progress"],
-            env_extra={"TMPDIR": str(short_tmp)},
+            ["run", str(spec), "--store", str(store), "--no-progress", "--address", shared_ray]
         )
         _wait_for(
             lambda: (store / "runs").exists() and len(set(_raw(store, "runs", "tiny").run_id)) == 4,

@@ -469,13 +469,15 @@ def test_repair_of_a_compacted_file_drops_exactly_the_runs_with_rows_in_it(
     assert con.sql("SELECT count(*) FROM layers").fetchall() == [(10 * len(shown),)]
 
 
-def test_repair_then_relaunch_trains_exactly_what_was_lost(tmp_path, tiny_spec, phasesweep_cli):
+def test_repair_then_relaunch_trains_exactly_what_was_lost(
+    tmp_path, tiny_spec, phasesweep_cli, shared_ray
+):
     """The user's way: a sweep, one chunk's trajectories file truncated, ``verify
     --repair``; then verify exits 0, status counts the lost points as remaining and a
     relaunch trains exactly those."""
     store = tmp_path / "store"
     spec = tiny_spec()  # two chunks of three points
-    run = ["run", str(spec), "--store", str(store), "--no-progress"]
+    run = ["run", str(spec), "--store", str(store), "--no-progress", "--address", shared_ray]
 
     def cli(*args: str) -> tuple[int, str, str]:
         proc = phasesweep_cli(list(args))
