@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,12 +155,7 @@ def render_all(ctx: Context, out_dir: Path | str) -> list[Rendered]:
     done: list[Rendered] = []
     used: set[str] = set()
     with ThreadPoolExecutor(1) as thread:
-        queries = [thread.submit(figures.get(p.kind).query, p, ctx) for p in plots[:1]]
-        for i, p in enumerate(plots):
-            queries += [
-                thread.submit(figures.get(q.kind).query, q, ctx) for q in plots[i + 1 : i + 2]
-            ]
-            query = queries.pop(0)
+        for p, query in zip(plots, _one_ahead(thread, plots, ctx)):
             kind = figures.get(p.kind)
             name = base = kind.name(p)
             n = 2
@@ -186,6 +181,19 @@ def render_all(ctx: Context, out_dir: Path | str) -> list[Rendered]:
                 continue
             done.append(Rendered(name, p, save(fig, out, name), kind.sql(p, ctx)))
     return done
+
+
+def _one_ahead(thread: Executor, plots: Sequence[PlotSpec], ctx: Context) -> Iterator[Future]:
+    """The future of each plot's query, in order; the next plot's query is submitted
+    before this one's future is handed out."""
+    pending: Future | None = None
+    for p in plots:
+        submitted = thread.submit(figures.get(p.kind).query, p, ctx)
+        if pending is not None:
+            yield pending
+        pending = submitted
+    if pending is not None:
+        yield pending
 
 
 def default_out_dir(store, sweep: str) -> Path:
