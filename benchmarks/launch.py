@@ -15,7 +15,7 @@ Each sample is a fresh process. One repeat takes, in this order:
 - **embedded, again**: the same command right after, on a new sweep name so that it
   trains again (a second launch in a row pays the same: nothing outlives a launch);
 - **standing**: the same launch with ``--address standing``, which joins the standing
-  local Ray (:mod:`pipeline._standing`) a first launch started before the repeats (that
+  local Ray (:mod:`pipeline.run._standing`) a first launch started before the repeats (that
   first launch, which pays the start, is reported apart).
 
 Fixed cost = wall time − training time, where training time is the longest chunk's

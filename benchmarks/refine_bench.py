@@ -107,9 +107,9 @@ def spec(name: str, s: Sizes, points: int) -> dict[str, Any]:
 
 def train_sweep(store, raw: dict[str, Any], use_ray: bool) -> tuple[int, float]:
     """Train a sweep as ``phasesweep run`` does; (runs trained, wall seconds)."""
-    from phasesweep.pipeline._driver import run_chunks, train_and_store
-    from phasesweep.pipeline._grid import expand, make_chunks
-    from phasesweep.pipeline._resources import trial_slots
+    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.run._driver import run_chunks, train_and_store
+    from phasesweep.pipeline.run._resources import trial_slots
     from phasesweep.pipeline.spec import validate_spec
 
     sp = validate_spec(raw)
@@ -165,7 +165,7 @@ class Result:
 
 
 def bench(mode: str, use_ray: bool, store_dir: str) -> Result:
-    from phasesweep.pipeline._refine import boundary_rows, plan, refine
+    from phasesweep.pipeline.refine._refine import boundary_rows, plan, refine
     from phasesweep.storage import Store
 
     s = MODES[mode]

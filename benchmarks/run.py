@@ -224,7 +224,7 @@ def _meta() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "ray": version("ray"),  # not imported: pipeline._driver sets Ray up before its import
+        "ray": version("ray"),  # not imported: pipeline.run._driver sets Ray up before its import
         "duckdb": duckdb.__version__,
         "commit": commit,
         "load_start": _load(),

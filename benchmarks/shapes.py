@@ -4,7 +4,7 @@ How close phasesweep's training comes to the machine's matmul peak, and how much
 it trains a grid than the same grid trained point by point, across shapes: n_train 64 to
 4096, input_dim 10 to 784, width 16 to 4096, depth 2 to 8, linear/ReLU/tanh, members on
 one shared data set (one data seed: the first layer as one GEMM per block, see
-:class:`pipeline._models.EnsembleStep`) or each on its own.
+:class:`pipeline.train._models.EnsembleStep`) or each on its own.
 
 Every side runs in the same pool of one process per core (torch and numpy's BLAS at one
 thread each), taken in turn for each shape:
@@ -19,9 +19,9 @@ thread each), taken in turn for each shape:
 The baselines train ``baseline_points`` of the grid's points (spread evenly) and are
 extrapolated linearly per point; their final losses are compared with phasesweep's.
 The FLOP rate is the FLOPs a step computes (model FLOPs, 6 · rows · weights per
-member-step as :func:`pipeline._grid.flops_per_step` counts, less the first layer's
+member-step as :func:`pipeline.grid._grid.flops_per_step` counts, less the first layer's
 input gradient, which no step computes: :func:`computed_fraction`; bias-free linear nets
-train in factored form, :class:`pipeline._linear_step.LinearStep`, and count that step's
+train in factored form, :class:`pipeline.train._linear_step.LinearStep`, and count that step's
 own, far fewer, FLOPs) over phasesweep's training time (the step loop, summed over the
 processes), as a fraction of the one-thread float64 matmul peak
 (:func:`benchmarks.training.matmul_peak`) measured in the same run. Which targets apply
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline._grid import Point, expand, flops_per_step
+from phasesweep.pipeline.grid._grid import Point, expand, flops_per_step
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 from benchmarks import training
@@ -149,10 +149,10 @@ def numpy_train(config: RunConfig) -> float:
 
     What a researcher writes without a framework. Data, initial weights, multipliers and
     learning rate are phasesweep's for this point (bias-free nets only)."""
-    from phasesweep.pipeline._datasets import data_seed, make_dataset
-    from phasesweep.pipeline._init import init_params
-    from phasesweep.pipeline._models import EnsembleMLP
-    from phasesweep.pipeline._trainer import member_lr
+    from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+    from phasesweep.pipeline.train._init import init_params
+    from phasesweep.pipeline.train._models import EnsembleMLP
+    from phasesweep.pipeline.train._trainer import member_lr
 
     if config.model.bias or config.train.optimizer != "gd":
         raise ValueError("numpy baseline: bias-free nets and full-batch GD only")
@@ -244,7 +244,7 @@ def _warm_up(_: int) -> None:
 
 
 def computed_fraction(point: Point) -> float:
-    """The part of the model FLOPs (6 · rows · weights, :func:`pipeline._grid.step_flops`)
+    """The part of the model FLOPs (6 · rows · weights, :func:`pipeline.grid._grid.step_flops`)
     a training step computes: no step propagates the gradient back into the input, so the
     first layer's 2 · rows · d · width of it are never spent. It matters where the first
     layer holds most weights (input_dim 784: a third of the model FLOPs)."""
@@ -391,7 +391,7 @@ def markdown(report: dict[str, Any]) -> str:
         "(best at the start and the end); FLOP rate = FLOPs computed (6 · n · weights per "
         "member-step less the first layer's input gradient, which no step computes) over "
         "phasesweep's training time (the step loop), per core; bias-free linear nets train "
-        "in factored form (block 'factored', pipeline._linear_step: FLOPs are that step's "
+        "in factored form (block 'factored', pipeline.train._linear_step: FLOPs are that step's "
         "own, ~n/k times fewer; 'numpy of peak' counts the loop's backpropagation FLOPs)",
         "- speedups: wall time of the grid point by point (numpy GD loop, plain torch "
         "nn.Module + SGD; a subset, extrapolated per point) over phasesweep's (one chunk "

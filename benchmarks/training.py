@@ -4,7 +4,7 @@ Every function here measures one thing on the machine it runs on and returns a
 plain dict; :mod:`benchmarks.run` puts them side by side. Nothing asserts a speed.
 
 - :func:`matmul_peak`: the dense matmul rate of one core for a dtype (the physical limit).
-- :func:`phasesweep_inprocess`: one chunk trained by :class:`pipeline._trainer.ChunkTrainer`
+- :func:`phasesweep_inprocess`: one chunk trained by :class:`pipeline.train._trainer.ChunkTrainer`
   in this process, with the split of its time into training, metrics and the rest.
 - :func:`phasesweep_ray`: the whole pipeline: chunks as Ray Tune trials, tables written
   to a Parquet store (what ``phasesweep run`` does).
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline._grid import (
+from phasesweep.pipeline.grid._grid import (
     Chunk,
     Point,
     expand,
@@ -142,8 +142,8 @@ def best_of(repeats: int, fn, *args, key: str = "train_s", **kwargs) -> dict[str
 
 def phasesweep_inprocess(points: Sequence[Point], device: str = "cpu") -> dict[str, Any]:
     """Train ``points`` as one chunk in this process; wall time includes data and init."""
-    from phasesweep.pipeline._linear_step import LinearStep, factored_flops
-    from phasesweep.pipeline._trainer import ChunkTrainer
+    from phasesweep.pipeline.train._linear_step import LinearStep, factored_flops
+    from phasesweep.pipeline.train._trainer import ChunkTrainer
 
     started = time.perf_counter()
     trainer = ChunkTrainer(Chunk("bench", tuple(points)), device)
@@ -186,7 +186,7 @@ def phasesweep_ray(
     import resource
 
     import pyarrow.dataset as ds
-    from phasesweep.pipeline._driver import run_chunks
+    from phasesweep.pipeline.run._driver import run_chunks
     from phasesweep.storage import Store
 
     store = Store.open(store_dir)
@@ -262,10 +262,10 @@ def plain_train(config: RunConfig, report=None) -> float:
     train and test losses are computed at the same log-spaced steps phasesweep logs
     and passed to ``report(step, train_loss, test_loss)`` if given.
     """
-    from phasesweep.pipeline._datasets import data_seed, make_dataset
-    from phasesweep.pipeline._init import init_params
-    from phasesweep.pipeline._models import EnsembleMLP
-    from phasesweep.pipeline._trainer import member_lr
+    from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+    from phasesweep.pipeline.train._init import init_params
+    from phasesweep.pipeline.train._models import EnsembleMLP
+    from phasesweep.pipeline.train._trainer import member_lr
     from phasesweep.storage.schema import log_steps
 
     ds = make_dataset(config.data, data_seed(config.data, config.train.seed))
@@ -385,7 +385,7 @@ def ray_tune_baseline(points: Sequence[Point], name: str = "baseline") -> dict[s
 
 def ray_init() -> float:
     """Start the local Ray instance the way ``phasesweep run`` does; returns seconds."""
-    from phasesweep.pipeline._ray import connect
+    from phasesweep.pipeline.run._ray import connect
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = time.perf_counter()

@@ -47,8 +47,8 @@ except PackageNotFoundError:  # a source tree that was never installed
 #: Imported on first access (:mod:`phasesweep._lazy`).
 if TYPE_CHECKING:
     from phasesweep.analysis import draw
-    from phasesweep.pipeline._driver import SweepOutcome
-    from phasesweep.pipeline._launch import Plan, Status
+    from phasesweep.pipeline.run._driver import SweepOutcome
+    from phasesweep.pipeline.run._launch import Plan, Status
     from phasesweep.pipeline.spec import SpecError, SweepSpec
 
     from phasesweep._api import (

@@ -24,9 +24,9 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import duckdb
     import pandas as pd
     import pyarrow as pa
-    from phasesweep.pipeline._driver import SweepOutcome
-    from phasesweep.pipeline._grid import Point
-    from phasesweep.pipeline._launch import Plan, Status
+    from phasesweep.pipeline.grid._grid import Point
+    from phasesweep.pipeline.run._driver import SweepOutcome
+    from phasesweep.pipeline.run._launch import Plan, Status
     from phasesweep.pipeline.spec import SweepSpec
     from phasesweep.storage import Store
 
@@ -125,7 +125,7 @@ def load_spec(source: SpecSource, overrides: Sequence[str] = ()) -> SweepSpec:
     (dotted KEY, YAML VALUE), applied in order. Raises :class:`SpecError` naming the
     dotted key and the value. Writes nothing.
     """
-    from phasesweep.pipeline._launch import resolve_spec
+    from phasesweep.pipeline.run._launch import resolve_spec
 
     return resolve_spec(source, overrides)[0]
 
@@ -137,7 +137,7 @@ def expand(spec: SpecSource) -> list[Point]:
     under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
     varies fastest).
     """
-    from phasesweep.pipeline._grid import expand as expand_grid
+    from phasesweep.pipeline.grid._grid import expand as expand_grid
     from phasesweep.pipeline.spec import SweepSpec
 
     return expand_grid(spec if isinstance(spec, SweepSpec) else load_spec(spec))
@@ -167,7 +167,7 @@ def plan(
     plan for it. The spec's ``plots:`` are checked too, so a typo fails before a launch.
     The relaunch rules of :func:`run` apply.
     """
-    from phasesweep.pipeline._launch import plan_sweep
+    from phasesweep.pipeline.run._launch import plan_sweep
 
     planned = plan_sweep(
         source,
@@ -223,7 +223,7 @@ def run(
     twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
     another host dies; hosts' clocks must agree to well within that).
     """
-    from phasesweep.pipeline._launch import execute
+    from phasesweep.pipeline.run._launch import execute
 
     planned = plan(
         source,
@@ -251,7 +251,7 @@ def status(sweep: str | None = None, store: Store | str | Path | None = None) ->
     ``(sweep, status, runs)`` tuples; with ``sweep``, ``total`` is its grid size from
     the stored spec and ``done`` the runs completed or diverged.
     """
-    from phasesweep.pipeline._launch import sweep_status
+    from phasesweep.pipeline.run._launch import sweep_status
 
     opened = open_store(store) if sweep is None else _sweep_store(sweep, store, runs=False)
     return sweep_status(opened, sweep)

@@ -114,7 +114,7 @@ def _keys(section: dict, defs: dict, prefix: str) -> Iterator[str]:
 
 
 def spec_reference(schema: dict) -> str:
-    from phasesweep.pipeline._grid import MEMBER_FIELDS, axis_values
+    from phasesweep.pipeline.grid._grid import MEMBER_FIELDS, axis_values
     from phasesweep.pipeline.spec import SHORT_NAMES
 
     defs = schema["$defs"]
@@ -237,7 +237,7 @@ def store_reference() -> str:
 
 
 def cli_reference() -> str:
-    from phasesweep.pipeline._cli import build_parser
+    from phasesweep._cli import build_parser
 
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal's width

@@ -18,13 +18,13 @@ cores, small batched ops slow down by an order of magnitude).
 
 from typing import TYPE_CHECKING
 
-from phasesweep.pipeline._grid import Chunk, Point, expand, make_chunks, run_id_of
+from phasesweep.pipeline.grid._grid import Chunk, Point, expand, make_chunks, run_id_of
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
 #: The trainer pulls in torch: imported on first use so the CLI starts fast
 #: (:mod:`phasesweep._lazy`).
 if TYPE_CHECKING:
-    from phasesweep.pipeline._trainer import train_chunk
+    from phasesweep.pipeline.train._trainer import train_chunk
 else:
     from phasesweep._lazy import lazy_exports
 

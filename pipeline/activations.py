@@ -2,8 +2,8 @@
 
 Everything that depends on the activation reads its :class:`Activation` record: the
 spec's allowed names (``model.activation``), the forward and the hand-written
-backward (:mod:`pipeline._models`), the NTK's sensitivities (:mod:`pipeline._ntk`) and
-the activation-pattern and balance metrics (:mod:`pipeline._metrics`). Adding an
+backward (:mod:`pipeline.train._models`), the NTK's sensitivities (:mod:`pipeline.train.metrics._ntk`) and
+the activation-pattern and balance metrics (:mod:`pipeline.train.metrics._metrics`). Adding an
 activation is adding a record here (a test checks φ' against autograd for every
 registered one); :func:`register` adds one for the current process only (tests), since
 Ray workers import this module afresh.

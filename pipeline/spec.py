@@ -78,7 +78,7 @@ DIGITS_CLASS_COUNTS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 @dataclass(frozen=True)
 class DataKindFacts:
     """What the spec knows of one ``data.kind``: the one place a kind's declarative facts
-    live (its generator is ``pipeline._datasets.GENERATORS[kind]``, a test ties the two)."""
+    live (its generator is ``pipeline.data._datasets.GENERATORS[kind]``, a test ties the two)."""
 
     #: one phrase for the reference ("": described with its own fields).
     summary: str = ""
@@ -245,7 +245,7 @@ class ModelConfig(Section):
         path = _user_file_path(raw, ("init", "file"), "init_path", "init_sha256", "init file")
         if path is None:
             return raw
-        from phasesweep.pipeline._user_data import check_weights, load_weights
+        from phasesweep.pipeline.data._user_data import check_weights, load_weights
 
         weights, sha = load_weights(path)
         depth, width = raw.get("depth", 2), raw.get("width", 256)
@@ -402,7 +402,7 @@ class DataConfig(Section):
         path = _user_file_path(raw, ("kind", "arrays"), "path", "arrays_sha256", "data kind arrays")
         if path is None:
             return raw
-        from phasesweep.pipeline._user_data import BASIS, load_arrays
+        from phasesweep.pipeline.data._user_data import BASIS, load_arrays
 
         arrays, sha = load_arrays(path)
         raw = dict(raw)
@@ -720,8 +720,8 @@ class SweepSpec(Section):
         """init file: the first and last layers fit the data, and every seed has weights."""
         if self.model.init != "file":
             return self
-        from phasesweep.pipeline._grid import axis_path, axis_values
-        from phasesweep.pipeline._user_data import load_weights, member_weights
+        from phasesweep.pipeline.data._user_data import load_weights, member_weights
+        from phasesweep.pipeline.grid._grid import axis_path, axis_values
 
         m, path = self.model, self.model.init_path
         dims = [self.data.input_dim] + [m.width] * (m.depth - 1) + [self.data.output_dim]
@@ -739,9 +739,9 @@ class SweepSpec(Section):
 
     def check_at_time(self) -> None:
         """Refuse an ``analysis.at_time`` that no point of the grid reaches
-        (:func:`pipeline._horizon.check_at_time`; a launch calls it, a stored spec is not
+        (:func:`pipeline.grid._horizon.check_at_time`; a launch calls it, a stored spec is not
         held to it)."""
-        from phasesweep.pipeline._horizon import check_at_time
+        from phasesweep.pipeline.grid._horizon import check_at_time
 
         check_at_time(self)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import io
 
 import torch
-from phasesweep.pipeline._grid import Chunk, expand, make_chunks
-from phasesweep.pipeline._trainer import train_chunk
+from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import SweepSpec, validate_spec
+from phasesweep.pipeline.train._trainer import train_chunk
 
 
 def small_spec(model=None, data=None, train=None, metrics=None, grid=None) -> SweepSpec:  # noqa: ANN001

@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import phasesweep.pipeline._trainer as trainer_mod
+import phasesweep.pipeline.train._trainer as trainer_mod
 import pyarrow as pa
 import pytest
 import yaml
 from phasesweep.analysis._calibration import synthetic_sweep
-from phasesweep.pipeline import _standing
-from phasesweep.pipeline._metrics import MetricRecorder
-from phasesweep.pipeline._models import Params
-from phasesweep.pipeline._ray import STANDING
+from phasesweep.pipeline.run import _standing
+from phasesweep.pipeline.run._ray import STANDING
+from phasesweep.pipeline.train._models import Params
+from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
 from phasesweep.storage import Store, schema
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
@@ -186,12 +186,12 @@ def tiny_spec(tmp_path) -> Callable[..., Path]:
 @pytest.fixture
 def phasesweep_cli() -> Callable[..., subprocess.Popen]:
     """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
-    pipeline._cli *args`` in a process of its own, with this environment plus ``env_extra``
+    phasesweep._cli *args`` in a process of its own, with this environment plus ``env_extra``
     and text stdout/stderr piped (``communicate()`` them)."""
 
     def start(args: list[str], env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "phasesweep.pipeline._cli", *args],
+            [sys.executable, "-m", "phasesweep._cli", *args],
             env=dict(os.environ, **(env_extra or {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -242,7 +242,7 @@ def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
 def shared_ray() -> Iterator[str]:
     """``--address`` of the one local Ray that this session's launches in processes of
     their own share (the CLI's: ``phasesweep_cli([..., "--address", shared_ray])``): a
-    standing local Ray (:mod:`pipeline._standing`) in a folder of the session's, stopped at
+    standing local Ray (:mod:`pipeline.run._standing`) in a folder of the session's, stopped at
     its end (or by its own watchdog two idle minutes after a killed session). Joining it
     takes a fraction of a second, where a launch on an embedded Ray starts and stops one.
     For tests whose subject is not the embedded instance itself, and whose trials need

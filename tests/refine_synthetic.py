@@ -8,7 +8,7 @@ with the offsets summing to zero, so the seed mean crosses LEVEL exactly at
 log10 g = U_STAR[w], and seed s crosses at U_STAR[w] + artanh(OFFSET[s]) / 3. Width
 4096 crosses outside the grid's range: its line is never bracketed (L > LEVEL there).
 
-:func:`install` swaps :func:`pipeline._trainer.train_chunk` for the closed form, which
+:func:`install` swaps :func:`pipeline.train._trainer.train_chunk` for the closed form, which
 appends every run_id it "trains" to a log file (so tests can count trainings across
 processes) and can block forever in a chosen call (so a test can kill the process in
 the middle of a batch). Run as a script it refines a store in a process of its own:
@@ -59,7 +59,7 @@ def install(
     the call (1-based, counted in this process) that never returns; ``delay``: seconds
     every call takes (so that two processes overlap); ``fail_at``: the call that raises.
     Returns the real trainer."""
-    import phasesweep.pipeline._trainer as trainer
+    import phasesweep.pipeline.train._trainer as trainer
 
     calls = [0]
 
@@ -84,7 +84,7 @@ def install(
 
 def runs_rows(points, chunk_id: str, node_id: str | None):
     """The ``runs`` rows of ``points``, completed with the closed-form final loss."""
-    from phasesweep.pipeline._runs import runs_table
+    from phasesweep.pipeline.train._runs import runs_table
 
     cfg = [p.config for p in points]
     outcome = {
@@ -96,7 +96,7 @@ def runs_rows(points, chunk_id: str, node_id: str | None):
 
 def make_parent(store) -> None:
     """Store the parent sweep's spec and its runs (closed form, no log)."""
-    from phasesweep.pipeline._grid import expand, make_chunks
+    from phasesweep.pipeline.grid._grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     spec = validate_spec(PARENT)
@@ -114,8 +114,8 @@ def run(
     **kw,
 ):
     """Refine the parent's final_train_loss at LEVEL in this process."""
-    import phasesweep.pipeline._trainer as trainer
-    from phasesweep.pipeline._refine import refine
+    import phasesweep.pipeline.train._trainer as trainer
+    from phasesweep.pipeline.refine._refine import refine
 
     real = install(log_path, block_at, delay, fail_at)
     try:

@@ -3,7 +3,7 @@
 ``run_sweep("saddle_escape", ["grid.depth=[2,3]", "train.steps=500"])`` loads
 ``sweeps/saddle_escape.yaml``, applies the overrides exactly as ``phasesweep run --set``
 does (:func:`pipeline.spec.load_spec`), expands the grid, packs the chunks and trains
-each with :func:`pipeline._trainer.train_chunk` (no Ray, no store). The result holds
+each with :func:`pipeline.train._trainer.train_chunk` (no Ray, no store). The result holds
 the ``runs``, ``trajectories`` and ``layers`` tables as pandas frames; ``runs`` also
 carries every grid coordinate of its point (e.g. a ``data.delta`` column).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from phasesweep.pipeline._grid import Point, expand, make_chunks
-from phasesweep.pipeline._trainer import train_chunk
+from phasesweep.pipeline.grid._grid import Point, expand, make_chunks
 from phasesweep.pipeline.spec import SweepSpec, load_spec
+from phasesweep.pipeline.train._trainer import train_chunk
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 

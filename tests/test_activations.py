@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
-from phasesweep.pipeline._spectra import balance_scalar
-from phasesweep.pipeline._trainer import train_chunk
 from phasesweep.pipeline.activations import Activation
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, SpecError, validate_spec
+from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
+from phasesweep.pipeline.train._trainer import train_chunk
+from phasesweep.pipeline.train.metrics._spectra import balance_scalar
 
 torch.set_num_threads(1)
 

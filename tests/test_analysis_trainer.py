@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def _train(raw):
-    from phasesweep.pipeline._grid import expand, make_chunks
-    from phasesweep.pipeline._trainer import train_chunk
+    from phasesweep.pipeline.grid._grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
+    from phasesweep.pipeline.train._trainer import train_chunk
 
     spec = validate_spec(raw)
     (chunk,) = make_chunks(expand(spec), spec)

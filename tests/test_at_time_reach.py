@@ -2,7 +2,7 @@
 (issue 26, item 1): at plan time an exit-2 error naming the key, the grid's final time and
 the fix; at ``analyze`` of stored runs a one-line warning with a fix that works.
 
-The final time of a config (:func:`pipeline._horizon.final_time`) is checked against the
+The final time of a config (:func:`pipeline.grid._horizon.final_time`) is checked against the
 trainer's own clock, and the grid's largest final time (found at the grid's corners)
 against every point of an expanded grid.
 """
@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 from conftest import TINY_SPEC
 from phasesweep.analysis._analyze import unreached
-from phasesweep.pipeline import _grid
-from phasesweep.pipeline._cli import main
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._horizon import final_time, grid_final_time
-from phasesweep.pipeline._trainer import train_chunk
+from phasesweep.pipeline.grid import _grid
+from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid._horizon import final_time, grid_final_time
 from phasesweep.pipeline.spec import SpecError, load_spec, validate_spec
+from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import run_query
 from test_figures_sweeps import train_into_store
 
 import phasesweep
+from phasesweep._cli import main
 
 U = np.finfo(np.float64).eps
 

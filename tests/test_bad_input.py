@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from phasesweep.pipeline._cli import build_parser, main
 from phasesweep.pipeline.spec import EXCERPT_CHARS, MAX_YAML_NODES, SpecError, excerpt, load_raw
+
+from phasesweep._cli import build_parser, main
 
 #: (dotted key, value, words the message must show): finite floats only, everywhere.
 NOT_FINITE = [

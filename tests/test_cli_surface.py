@@ -16,8 +16,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline import _cli as cli
 from phasesweep.storage import run_query
+
+from phasesweep import _cli as cli
 
 GRID = {"init_scale": [0.01, 0.1, 1.0, 3.0], "width": [16, 256], "depth": [2], "seed": [0, 1]}
 
@@ -297,7 +298,7 @@ def test_csv_has_lf_line_ends_and_lists_as_json(phasesweep_cli, store):
     )
     # bytes as written (text mode would turn \r\n into \n)
     proc = subprocess.run(
-        [sys.executable, "-m", "phasesweep.pipeline._cli", "query", sql, "--store", str(store)]
+        [sys.executable, "-m", "phasesweep._cli", "query", sql, "--store", str(store)]
         + ["--format", "csv"],
         capture_output=True,
         timeout=300,

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from phasesweep.pipeline._standing import session_pids
+from phasesweep.pipeline.run._standing import session_pids
 from phasesweep.storage import run_query
 
 #: Environment of a driver of a loopback cluster: Ray swaps a loopback address for the
@@ -44,7 +44,7 @@ def _token(folder: Path) -> Path:
 def ray_cluster(monkeypatch, tmp_path):
     """A head and a worker node in this process, with token authentication (the token in
     this process's environment, so drivers started from it present it)."""
-    from phasesweep.pipeline._auth import refresh_ray
+    from phasesweep.pipeline.run._auth import refresh_ray
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_AUTH_MODE", "token")

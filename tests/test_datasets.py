@@ -9,11 +9,11 @@ import typing
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._datasets import digits_arrays, make_dataset, teacher_fn
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._seeding import generator
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.data._datasets import digits_arrays, make_dataset, teacher_fn
+from phasesweep.pipeline.data._seeding import generator
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import DataConfig, SpecError, validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps
@@ -442,7 +442,7 @@ _ONE_OF_EACH = {
 
 
 def test_every_kind_has_its_facts_and_a_generator():
-    from phasesweep.pipeline._datasets import GENERATORS
+    from phasesweep.pipeline.data._datasets import GENERATORS
     from phasesweep.pipeline.spec import DATA_KINDS, DataKind
 
     assert list(GENERATORS) == list(DATA_KINDS) == list(typing.get_args(DataKind))
@@ -473,7 +473,7 @@ def test_the_facts_of_a_kind_hold_for_its_data(kind):
 def test_stacking_shared_datasets_equals_stacking_each_members_copy():
     """Members sharing a dataset object are stacked once and gathered; the batch is the
     one a stack of every member's own dataset gives, bit for bit."""
-    from phasesweep.pipeline._datasets import make_datasets, stack
+    from phasesweep.pipeline.data._datasets import make_datasets, stack
 
     cfg = _data(kind="teacher", n_train=8, n_test=5, input_dim=3, noise_sigma=0.1)
     members = [(cfg, seed) for seed in (4, 1, 4, 4, 2, 1)]

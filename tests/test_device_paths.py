@@ -16,8 +16,8 @@ import pytest
 import torch
 from chunks import checkpoint_at, only_chunk, small_spec
 from host_reads import HostReads
-from phasesweep.pipeline import _device, _models
-from phasesweep.pipeline._trainer import (
+from phasesweep.pipeline.train import _device, _models
+from phasesweep.pipeline.train._trainer import (
     ChunkTrainer,
     LoopState,
     metrics_block,
@@ -121,7 +121,7 @@ def test_resume_from_the_store_equals_an_uninterrupted_run(tmp_path, accelerated
     points (`train_and_store`), gives the uninterrupted run's rows, on the CPU's paths and
     on the accelerator's."""
     import pyarrow.parquet as pq
-    from phasesweep.pipeline._driver import checkpoint_path, train_and_store
+    from phasesweep.pipeline.run._driver import checkpoint_path, train_and_store
     from phasesweep.storage import Store
 
     spec = small_spec(train={"steps": 90}, grid={"lr": [0.05, 0.2, 200.0], "seed": [0, 1]})
@@ -295,7 +295,7 @@ def test_metrics_take_one_block_on_an_accelerator_and_cache_blocks_on_the_cpu(mo
     cpu = metrics_block(dims, probe, itemsize, torch.device("cpu"))
     assert 1 <= cpu <= 256
     assert metrics_block(dims, probe, itemsize, torch.device("cpu"), accelerated=True) > 10**9
-    import phasesweep.pipeline._trainer as trainer_mod
+    import phasesweep.pipeline.train._trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod, "free_device_bytes", lambda device: 80 << 30)
     # activations and sensitivities, kernels, three copies of θ, four of the largest

@@ -155,7 +155,7 @@ def test_the_docs_index_lists_every_page():
 
 def test_spec_reference_says_which_axes_share_a_chunk():
     # issue 26: it said "any other axis splits chunks:" and then listed the keys that do not
-    from phasesweep.pipeline._grid import MEMBER_FIELDS, expand, make_chunks
+    from phasesweep.pipeline.grid._grid import MEMBER_FIELDS, expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     text = (DOCS / "reference" / "spec.md").read_text()
@@ -184,9 +184,9 @@ def test_spec_reference_says_which_axes_share_a_chunk():
 
 
 def test_kernel_rel_change_falls_faster_than_width_to_the_minus_half_as_documented():
-    # issue 26: pipeline/_metrics.py said m^-1/2 when lazy; it documents m^-0.81 over
+    # issue 26: pipeline/train/metrics/_metrics.py said m^-1/2 when lazy; it documents m^-0.81 over
     # widths 32-4096 (the smooth part of the kernel change goes like m^-1, flips m^-1/2)
-    from phasesweep.pipeline import _metrics
+    from phasesweep.pipeline.train.metrics import _metrics
     from sweep_runner import loglog_slope, run_sweep
 
     assert "m^-0.81 over widths 32-4096" in " ".join(_metrics.__doc__.split())

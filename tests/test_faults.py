@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
-from phasesweep.pipeline._driver import HOLD_ENV, PROGRESS_EVERY
-from phasesweep.pipeline._grid import expand, group_tag
-from phasesweep.pipeline._progress import LINE_EVERY_ENV, RATE_AFTER
+from phasesweep.pipeline.grid._grid import expand, group_tag
+from phasesweep.pipeline.run._driver import HOLD_ENV, PROGRESS_EVERY
+from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.storage.schema import log_steps, to_table
 
@@ -276,8 +276,8 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
 
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
-    from phasesweep.pipeline._driver import train_and_store
-    from phasesweep.pipeline._grid import Chunk
+    from phasesweep.pipeline.grid._grid import Chunk
+    from phasesweep.pipeline.run._driver import train_and_store
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims
 

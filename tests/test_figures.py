@@ -23,9 +23,10 @@ from phasesweep.analysis import analyze, draw, figures, plot, report
 from phasesweep.analysis._output import OutputError
 from phasesweep.analysis._plotting import check_plots
 from phasesweep.analysis.figures import Unavailable
-from phasesweep.pipeline._cli import main
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.storage import open_catalog
+
+from phasesweep._cli import main
 
 SWEEP = "reg"
 GRID = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from chunks import checkpoint_at, only_chunk, small_spec
-from phasesweep.pipeline._trainer import GRAPH_WARMUP, ChunkTrainer, train_chunk
+from phasesweep.pipeline.train._trainer import GRAPH_WARMUP, ChunkTrainer, train_chunk
 from phasesweep.storage.schema import log_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed

@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import yaml
-from phasesweep.pipeline._grid import (
+from phasesweep.pipeline.grid._grid import (
     axis_size,
     expand,
     grid_size,
@@ -96,7 +96,7 @@ def test_chunks_group_equal_shapes_and_respect_the_size_limit():
 
 def _naive_expand(spec):
     """Reference: every combination validated as a whole RunConfig, repeats dropped by run_id."""
-    from phasesweep.pipeline._grid import axis_path, axis_values
+    from phasesweep.pipeline.grid._grid import axis_path, axis_values
     from phasesweep.pipeline.spec import RunConfig
 
     axes = [(a, axis_path(a), list(axis_values(a, v))) for a, v in spec.grid.items()]
@@ -132,7 +132,7 @@ MIXED_GRIDS = [
 def test_streamed_expansion_matches_a_naive_loop(monkeypatch, grid, eager):
     """Same points, order, coords and configs as validating every combination whole;
     also when every section is validated lazily (as large sections are)."""
-    import phasesweep.pipeline._grid as grid_mod
+    import phasesweep.pipeline.grid._grid as grid_mod
 
     spec = _spec(grid)
     if not eager:
@@ -272,7 +272,7 @@ def _store_runs(store, sweep, run_ids, make_chunk):
 
 
 def test_plan_keeps_only_the_points_the_store_lacks(tmp_path, store_make_chunk):
-    from phasesweep.pipeline._launch import plan_sweep
+    from phasesweep.pipeline.run._launch import plan_sweep
     from phasesweep.storage import Store
 
     raw = {"name": "g", "grid": {"width": [8, 16], "seed": {"range": [0, 10]}}}
@@ -289,9 +289,10 @@ def test_plan_keeps_only_the_points_the_store_lacks(tmp_path, store_make_chunk):
 def test_status_of_a_stored_huge_grid_counts_without_expanding(tmp_path, capsys, store_make_chunk):
     """A stored spec of 10**8 points: ``status`` answers from the axis sizes and the store,
     in a few MB of Python memory (one Point each would be tens of GB)."""
-    from phasesweep.pipeline._cli import main
-    from phasesweep.pipeline._launch import sweep_status
+    from phasesweep.pipeline.run._launch import sweep_status
     from phasesweep.storage import Store
+
+    from phasesweep._cli import main
 
     raw = {
         "name": "huge",

@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._models import EnsembleMLP
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, SpecError, validate_spec
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._models import EnsembleMLP
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps / 2  # unit roundoff

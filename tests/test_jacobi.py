@@ -1,4 +1,4 @@
-"""The batched Jacobi eigen- and singular-value solvers (pipeline._jacobi) against LAPACK.
+"""The batched Jacobi eigen- and singular-value solvers (pipeline.train.metrics._jacobi) against LAPACK.
 
 The accelerator's metrics take their spectra from these instead of one cuSOLVER call per
 member, so they must agree with LAPACK to working precision on every kind of matrix the
@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from phasesweep.pipeline import _jacobi
+from phasesweep.pipeline.train.metrics import _jacobi
 
 torch.set_num_threads(1)
 

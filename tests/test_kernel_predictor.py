@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._trainer import ChunkTrainer
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer
 from torch.func import functional_call, jacrev
 
 torch.set_num_threads(1)
@@ -155,7 +155,7 @@ def test_lin_distance_as_the_order_parameter_of_the_regimes():
 
 def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
     # the recorder of a large chunk works in blocks of members: each gets its own times
-    import phasesweep.pipeline._trainer as trainer_mod
+    import phasesweep.pipeline.train._trainer as trainer_mod
 
     spec = validate_spec(
         {

@@ -128,8 +128,12 @@ def test_every_module_keeps_to_its_layer():
         ("phasesweep.analysis.figures._kind", "from ...pipeline.grid import expand", "pipeline"),
         ("phasesweep.analysis._report", "from phasesweep import _api", "_api"),
         ("phasesweep.analysis.config", "from phasesweep.storage import schema", "storage"),
-        ("phasesweep.pipeline._launch", "from phasesweep.analysis._plotting import x", "analysis"),
-        ("phasesweep.pipeline._cli", "from phasesweep import analysis", "analysis"),
+        (
+            "phasesweep.pipeline.run._launch",
+            "from phasesweep.analysis._plotting import x",
+            "analysis",
+        ),
+        ("phasesweep.pipeline.train._trainer", "from phasesweep import analysis", "analysis"),
         ("phasesweep._config", "from phasesweep.pipeline.spec import SweepSpec", "pipeline"),
     ],
 )

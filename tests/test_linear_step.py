@@ -1,5 +1,5 @@
-"""The factored step of bias-free linear nets (pipeline._linear_step) against backpropagation
-(pipeline._models.loss_and_grads), autograd, a plain PyTorch loop per point, and the
+"""The factored step of bias-free linear nets (pipeline.train._linear_step) against backpropagation
+(pipeline.train._models.loss_and_grads), autograd, a plain PyTorch loop per point, and the
 trainer's backpropagation engine. No timings: the speed is benchmarks/' job."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from phasesweep.pipeline import _trainer
-from phasesweep.pipeline._datasets import data_seed, make_dataset
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._linear_step import LinearStep, linear_step_applies
-from phasesweep.pipeline._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train import _trainer
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._linear_step import LinearStep, linear_step_applies
+from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 

@@ -13,14 +13,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._datasets import data_seed, make_dataset
-from phasesweep.pipeline._grid import Chunk, expand, make_chunks
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._metrics import MetricRecorder
-from phasesweep.pipeline._models import EnsembleMLP, Params
-from phasesweep.pipeline._ntk import empirical_ntk, layer_inner
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._models import EnsembleMLP, Params
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
+from phasesweep.pipeline.train.metrics._ntk import empirical_ntk, layer_inner
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
 
 torch.set_num_threads(1)
@@ -397,7 +397,7 @@ def test_dead_units_on_positive_inputs():
         w1[e, :k] *= -1
     params = Params([w1, torch.randn(E, 1, m, generator=gen, dtype=F64)], None)
     x = torch.rand(E, 30, d, generator=gen, dtype=F64) + 0.1
-    from phasesweep.pipeline._datasets import DataBatch
+    from phasesweep.pipeline.data._datasets import DataBatch
 
     batch = DataBatch(x, x[..., :1], x, x[..., :1], None, 1)
     rec = MetricRecorder(net, params, batch, validate_spec({"name": "x"}).metrics)
@@ -455,7 +455,7 @@ def test_even_part_of_a_bias_free_linear_net_is_zero_and_of_relu_is_not():
         cfg = ModelConfig(depth=3, width=8, activation=act, bias=False)
         net = EnsembleMLP(cfg, 5, 1)
         params = random_params(net.dims, 2, False, gen)
-        from phasesweep.pipeline._metrics import even_part_frac
+        from phasesweep.pipeline.train.metrics._metrics import even_part_frac
 
         frac = even_part_frac(net, params, x)
         if expect_zero:

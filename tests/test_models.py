@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline._models import EnsembleMLP, Params, loss_and_grads
 from phasesweep.pipeline.spec import ModelConfig
+from phasesweep.pipeline.train._models import EnsembleMLP, Params, loss_and_grads
 
 torch.set_num_threads(1)
 

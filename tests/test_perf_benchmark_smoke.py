@@ -116,7 +116,7 @@ def test_ray_pieces_at_toy_size(tmp_path):
 
 
 def test_shape_suite_spans_the_stated_shapes():
-    from phasesweep.pipeline._datasets import data_seed
+    from phasesweep.pipeline.data._datasets import data_seed
 
     from benchmarks import shapes
 

@@ -1,4 +1,4 @@
-"""Correctness of the optimised training step (pipeline._models.EnsembleStep) and of the
+"""Correctness of the optimised training step (pipeline.train._models.EnsembleStep) and of the
 trainer's fused step loop and chunk sizing. No timings: the speed is benchmarks/' job."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline._grid import Chunk, expand, make_chunks
-from phasesweep.pipeline._models import (
+from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._models import (
     CPU_BLOCK_BYTES,
     EnsembleMLP,
     EnsembleStep,
@@ -18,8 +19,7 @@ from phasesweep.pipeline._models import (
     block_bytes_per_member,
     loss_and_grads,
 )
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
-from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 
@@ -235,7 +235,7 @@ def test_make_chunks_balanced_and_min_chunks():
 
 @pytest.mark.parametrize("kind", ["subspace", "symmetric"])
 def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, kind):
-    import phasesweep.pipeline._trainer as trainer_mod
+    import phasesweep.pipeline.train._trainer as trainer_mod
 
     data = {"kind": kind, "n_train": 16, "n_test": 20, "input_dim": 5}
     if kind == "subspace":
@@ -302,7 +302,7 @@ def test_block_budget_per_device(monkeypatch):
     """CPU: the cache budget; CUDA: half the free memory torch reports (the CUDA branch,
     with torch's report replaced, so it runs on a machine without a GPU); a device that
     reports nothing: no budget, one block."""
-    from phasesweep.pipeline import _models
+    from phasesweep.pipeline.train import _models
 
     assert _models.block_budget(torch.device("cpu")) == CPU_BLOCK_BYTES
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10_000, 80_000))

@@ -1,4 +1,4 @@
-"""The plan (pipeline/_plan.py): chunk descriptors of a grid, their ids, what the store
+"""The plan (pipeline/run/_plan.py): chunk descriptors of a grid, their ids, what the store
 holds, chunks sized for a device; nothing per point in the driver."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import tracemalloc
 
 import pytest
 import yaml
-from phasesweep.pipeline import _grid
-from phasesweep.pipeline._driver import stored_reads
-from phasesweep.pipeline._grid import (
+from phasesweep.pipeline.grid import _grid
+from phasesweep.pipeline.grid._grid import (
     Grid,
     chunk_members,
     expand,
@@ -19,7 +18,8 @@ from phasesweep.pipeline._grid import (
     make_chunks,
     tagged,
 )
-from phasesweep.pipeline._plan import (
+from phasesweep.pipeline.run._driver import stored_reads
+from phasesweep.pipeline.run._plan import (
     ChunkTask,
     expand_task,
     plan_chunks,
@@ -251,7 +251,7 @@ def test_cpu_chunks_of_brief_trainings_hold_about_a_second_of_work():
 
 
 def test_dry_run_plans_for_a_stated_device_memory(tmp_path, capsys):
-    from phasesweep.pipeline._cli import main
+    from phasesweep._cli import main
 
     path = tmp_path / "spec.yaml"
     raw = {"name": "gpu", "model": {"width": 16}, "grid": {"seed": {"range": [0, 300000]}}}
@@ -271,7 +271,7 @@ def test_dry_run_plans_for_a_stated_device_memory(tmp_path, capsys):
 
 def test_gpu_trials_without_a_gpu_or_a_stated_memory_are_refused(tmp_path, monkeypatch):
     import torch
-    from phasesweep.pipeline._resources import DEVICE_MEMORY_ENV, trial_resources
+    from phasesweep.pipeline.run._resources import DEVICE_MEMORY_ENV, trial_resources
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv(DEVICE_MEMORY_ENV, raising=False)
@@ -289,7 +289,7 @@ def test_gpu_trials_without_a_gpu_or_a_stated_memory_are_refused(tmp_path, monke
 def test_gpu_trials_count_gpu_slots_not_cpus(monkeypatch):
     """16 CPUs and one GPU: one trial at a time, so a grid of 1000 points is one chunk of
     1000 members, not 16 chunks of 63 that run one after another."""
-    from phasesweep.pipeline import _resources
+    from phasesweep.pipeline.run import _resources
 
     monkeypatch.setattr(_resources.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(_resources, "_gpus", lambda address: (1, 80 * 2**30))
@@ -316,7 +316,7 @@ def test_task_bitmask():
 def test_a_layout_is_told_by_its_chunk_ids():
     """Chunks of one plan of a group share their first LAYOUT_LEN digits and differ after;
     another chunk size or other member values give another layout tag."""
-    from phasesweep.pipeline._grid import LAYOUT_LEN
+    from phasesweep.pipeline.grid._grid import LAYOUT_LEN
 
     spec = _spec({"width": [8, 16], "seed": {"range": [0, 9]}}, execution={"max_chunk_size": 4})
     tasks = plan_chunks(Grid(spec))

@@ -7,7 +7,7 @@ import io
 import pickle
 
 import pytest
-from phasesweep.pipeline._progress import LINE_EVERY_ENV, RATE_AFTER, Progress
+from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER, Progress
 
 
 class Clock:

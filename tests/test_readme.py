@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline._cli import main
 from phasesweep.storage import run_query
+
+from phasesweep._cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -71,7 +72,7 @@ def quickstart_left(tmp_path):
     import numpy as np
     import pyarrow as pa
     from phasesweep.analysis._calibration import synthetic_sweep
-    from phasesweep.pipeline._grid import expand
+    from phasesweep.pipeline.grid._grid import expand
     from phasesweep.pipeline.spec import load_spec
     from phasesweep.storage import Store
 

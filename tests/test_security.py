@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline import _auth, _standing
+from phasesweep.pipeline.run import _auth, _standing
 from phasesweep.pipeline.spec import SpecError
 from test_cluster import _kill_session, _ray_node
 
@@ -200,7 +200,7 @@ def test_another_account_can_neither_join_the_standing_ray_nor_read_its_token(
 #: token and files are, wait for a line on stdin, disconnect.
 _EMBEDDED = """
 import json, os, sys, ray
-from phasesweep.pipeline._ray import connect, disconnect
+from phasesweep.pipeline.run._ray import connect, disconnect
 connect(None)
 node = ray._private.worker.global_worker.node
 print(json.dumps({
@@ -351,7 +351,7 @@ def test_concurrent_first_launches_write_one_token(tmp_path):
 #: gone, one with; each prints the mode its Ray's workers run with.
 _TWICE = """
 import os
-from phasesweep.pipeline._ray import connect, disconnect
+from phasesweep.pipeline.run._ray import connect, disconnect
 for mode in ("disabled", None):
     os.environ.pop("RAY_AUTH_MODE", None) if mode is None else os.environ.update(RAY_AUTH_MODE=mode)
     connect(None)
@@ -382,7 +382,7 @@ def test_the_tune_folder_of_a_launch_is_checked_like_the_state_folder(tmp_path, 
     """Tune's experiment folders live under $TMPDIR/phasesweep-tune-$UID: a link planted
     there is refused (exit 2, nothing followed); a folder an earlier version left (ours,
     0755: others could read it, not write it) is made 0700 and used."""
-    from phasesweep.pipeline._driver import launch_folder
+    from phasesweep.pipeline.run._driver import launch_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     base = tmp_path / f"phasesweep-tune-{os.getuid()}"

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._trainer import ChunkTrainer
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer
 
 F64 = torch.float64
 

@@ -1,5 +1,5 @@
 """Members that share their input: the first layer as one GEMM per block
-(pipeline._models.EnsembleStep, shared-input path) and how the trainer and the data stack
+(pipeline.train._models.EnsembleStep, shared-input path) and how the trainer and the data stack
 hand it a shared input. Checked against each member trained alone (E = 1, which never
 takes the shared path), against autograd, and with one member's data different.
 
@@ -15,9 +15,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._datasets import Dataset, stack
-from phasesweep.pipeline._grid import Chunk, expand, make_chunks
-from phasesweep.pipeline._models import (
+from phasesweep.pipeline.data._datasets import Dataset, stack
+from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._models import (
     SHARED_MIN_BLOCK,
     SHARED_MIN_FIRST_LAYER,
     SHARED_MIN_INPUT_DIM,
@@ -26,8 +27,7 @@ from phasesweep.pipeline._models import (
     Params,
     shares_input,
 )
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
-from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 torch.set_num_threads(1)
 

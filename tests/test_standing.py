@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from phasesweep.pipeline import _standing
+from phasesweep.pipeline.run import _standing
 from phasesweep.storage import run_query
 
 pytestmark = [pytest.mark.ray, pytest.mark.process]
@@ -158,7 +158,7 @@ def test_a_bad_idle_time_exits_2_and_writes_nothing(
 #: A driver that connects as a launch does (ray imported after connect set its environment)
 #: and prints the niceness its Ray worker runs at.
 _NICENESS_PROBE = (
-    "import os, sys; from phasesweep.pipeline._ray import connect; "
+    "import os, sys; from phasesweep.pipeline.run._ray import connect; "
     "connect(sys.argv[1] or None); import ray; "
     "print(ray.get(ray.remote(lambda: os.nice(0)).remote()))"
 )

@@ -70,7 +70,7 @@ def reach_ins(source: str, private: set[str]) -> list[tuple[int, str]]:
 def test_reach_in_detector_sees_what_it_must():
     private = {"_stepper", "_lease"}
     src = (
-        "from phasesweep.pipeline._trainer import _member_blocks\n"
+        "from phasesweep.pipeline.train._trainer import _member_blocks\n"
         "x = trainer._stepper\n"
         "claims._lease('a')\n"
         "self._stepper = 1\n"
@@ -96,6 +96,10 @@ def test_no_module_reaches_into_another_modules_private_names(folder):
     assert bad == []
 
 
+#: the pipeline's subpackages by role (docs/design.md, "Layout"): folders of private modules.
+ROOMS = {"grid", "data", "train", "run", "refine"}
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_each_package_exports_its_public_names_and_hides_its_modules(package):
     mod = importlib.import_module(package)
@@ -110,4 +114,10 @@ def test_each_package_exports_its_public_names_and_hides_its_modules(package):
     # the modules a user may import by name: the contract's declarative ones and registries
     # (and phasesweep's three packages, the links to the layout's folders)
     packages = {"pipeline", "storage", "analysis"}
-    assert public_modules <= {"spec", "activations", "schema", "config", "figures"} | packages
+    assert (
+        public_modules <= {"spec", "activations", "schema", "config", "figures"} | packages | ROOMS
+    )
+    # a room of the pipeline groups modules by role: every module in it is private
+    for room in public_modules & ROOMS:
+        for path in (folder / room).rglob("*.py"):
+            assert path.stem.startswith("_"), path.relative_to(ROOT)

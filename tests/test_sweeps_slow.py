@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from phasesweep.pipeline._datasets import data_seed, make_dataset
+from phasesweep.pipeline.data._datasets import data_seed, make_dataset
 from sweep_runner import first_time_below, geo_mean, loglog_slope, run_sweep
 
 pytestmark = pytest.mark.slow

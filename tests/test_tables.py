@@ -1,5 +1,5 @@
 """The one table builder (``storage.schema.to_table``), the one ``runs`` row assembler
-(``pipeline._runs.runs_table``) and the facts defined once (logged steps, FLOPs per step,
+(``pipeline.train._runs.runs_table``) and the facts defined once (logged steps, FLOPs per step,
 SQL quoting, sweep names, group and line columns), each against an independent
 computation: a naive per-value conversion, the configs themselves, a closed form,
 DuckDB's own parsing of a literal."""
@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 from conftest import TINY_SPEC
 from phasesweep.analysis._calibration import logged_times, synthetic_sweep
-from phasesweep.pipeline._driver import failed_runs_table
-from phasesweep.pipeline._grid import expand, flops_per_step, make_chunks, member_lr
-from phasesweep.pipeline._trainer import train_chunk
+from phasesweep.pipeline.grid._grid import expand, flops_per_step, make_chunks, member_lr
+from phasesweep.pipeline.run._driver import failed_runs_table
 from phasesweep.pipeline.spec import SpecError, validate_spec
+from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import Store, open_catalog, schema
 from phasesweep.storage._catalog import sql_string
 from phasesweep.storage._store import check_sweep
@@ -205,7 +205,7 @@ def test_logged_steps_and_times_include_both_ends(steps, log_points):
 
 
 def test_flops_per_step_closed_form_and_the_metrics_budget_uses_it():
-    from phasesweep.pipeline._metrics import MetricRecorder
+    from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
 
     spec = validate_spec(copy.deepcopy(TINY_SPEC))
     (point, *_) = expand(spec)
@@ -219,7 +219,7 @@ def test_flops_per_step_closed_form_and_the_metrics_budget_uses_it():
             seen["train_flops"] = train_flops
             super().__init__(*args, train_flops=train_flops, **kwargs)
 
-    from phasesweep.pipeline._trainer import ChunkTrainer
+    from phasesweep.pipeline.train._trainer import ChunkTrainer
 
     trainer = ChunkTrainer(make_chunks([point], spec)[0])
     Spy.for_run(trainer.net, trainer.params0, trainer.batch, point.config, [0, 1])

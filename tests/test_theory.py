@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.analysis._calibration import two_layer_escape_time
-from phasesweep.pipeline._datasets import DataBatch
-from phasesweep.pipeline._grid import Chunk, Point, expand, make_chunks
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._models import EnsembleMLP, Params
-from phasesweep.pipeline._ntk import empirical_ntk
-from phasesweep.pipeline._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.data._datasets import DataBatch
+from phasesweep.pipeline.grid._grid import Chunk, Point, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._models import EnsembleMLP, Params
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
+from phasesweep.pipeline.train.metrics._ntk import empirical_ntk
 
 torch.set_num_threads(1)
 F64 = torch.float64

@@ -58,7 +58,7 @@ def test_the_type_check_resolves_the_layout_and_fails_on_every_unresolved_import
     project keeps at warning does not."""
     files = {
         "layout.py": (
-            "import phasesweep.pipeline._cli\n"
+            "import phasesweep._cli\n"
             "from phasesweep.analysis.figures import FigureKind\n"
             "from phasesweep.storage import Store\n"
         ),
@@ -88,7 +88,7 @@ def test_the_type_check_resolves_the_layout_and_fails_on_every_unresolved_import
 def test_spawned_processes_are_told_apart():
     ray_dir = Path(RAY_DIR)
     assert spawned_marker(None, [sys.executable, "-c", "pass"]) == "process"
-    assert spawned_marker(None, ["python3", "-m", "phasesweep.pipeline._cli"]) == "process"
+    assert spawned_marker(None, ["python3", "-m", "phasesweep._cli"]) == "process"
     assert spawned_marker(None, [str(ray_dir / "core" / "src" / "ray" / "raylet")]) == "ray"
     assert spawned_marker(None, [sys.executable, str(ray_dir / "dashboard" / "x.py")]) == "ray"
     assert spawned_marker(b"/usr/bin/git", [b"git", b"status"]) is None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._datasets import data_seed, make_dataset
-from phasesweep.pipeline._grid import Chunk, expand, make_chunks
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._models import EnsembleMLP
-from phasesweep.pipeline._seeding import permutations
-from phasesweep.pipeline._trainer import configure_tf32, train_chunk
+from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+from phasesweep.pipeline.data._seeding import permutations
+from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._models import EnsembleMLP
+from phasesweep.pipeline.train._trainer import configure_tf32, train_chunk
 from phasesweep.storage.schema import log_steps
 
 torch.set_num_threads(1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline._grid import expand, make_chunks
-from phasesweep.pipeline._trainer import ChunkTrainer
+from phasesweep.pipeline.grid._grid import expand, make_chunks
 from phasesweep.pipeline.spec import SpecError, validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer
 
 
 def _arrays(d=4, k=2, n=10, n_test=6, seed=0):

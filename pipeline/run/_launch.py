@@ -2,7 +2,7 @@
 
 The CLI (``phasesweep run`` / ``status``) and the Python API (``phasesweep.run``) are thin
 layers over these functions; nothing here prints except the progress bar of
-:func:`~phasesweep.pipeline._driver.run_chunks`.
+:func:`~phasesweep.pipeline.run._driver.run_chunks`.
 
 Concurrency: the store is the single source of truth. A plan is a snapshot of what the
 store held when it was made; trials claim their points in the store before training
@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline._driver import SweepOutcome, run_chunks
-from phasesweep.pipeline._grid import (
+from phasesweep.pipeline.grid._grid import (
     Chunk,
     Grid,
     Point,
@@ -30,9 +29,10 @@ from phasesweep.pipeline._grid import (
     grid_size,
     member_bytes,
 )
-from phasesweep.pipeline._plan import ChunkTask, expand_task, plan_chunks, plan_stored
-from phasesweep.pipeline._ray import connect
-from phasesweep.pipeline._resources import trial_resources
+from phasesweep.pipeline.run._driver import SweepOutcome, run_chunks
+from phasesweep.pipeline.run._plan import ChunkTask, expand_task, plan_chunks, plan_stored
+from phasesweep.pipeline.run._ray import connect
+from phasesweep.pipeline.run._resources import trial_resources
 from phasesweep.pipeline.spec import (
     RunConfig,
     SpecError,
@@ -235,7 +235,7 @@ def _covering_grid(old: SweepSpec, old_grid: dict, new_grid: dict, diff: Relaunc
 @dataclass
 class Plan:
     """What a launch would do: the grid's size, what the store already holds, the chunks
-    to train. Chunks are descriptors (:class:`~pipeline._plan.ChunkTask`, a few integers
+    to train. Chunks are descriptors (:class:`~pipeline.run._plan.ChunkTask`, a few integers
     each): a plan costs memory for its chunks, not for its points, and ``todo`` and
     ``chunks`` expand them on request (O(points): for small grids and inspection)."""
 
@@ -250,7 +250,7 @@ class Plan:
     tasks: list[ChunkTask]
     #: points of the grid the store held when the plan was made
     skipped: int
-    #: when the plan read the store (epoch seconds; see :func:`pipeline._driver.stored_reads`)
+    #: when the plan read the store (epoch seconds; see :func:`pipeline.run._driver.stored_reads`)
     planned_at: float
     #: the device memory one trial plans for (bytes): None for CPU trials
     device_memory: int | None = None
@@ -264,7 +264,7 @@ class Plan:
     def todo(self) -> list[Point]:
         """The points still to train, in chunk order. Points the store held under chunks
         of another layout are left out where the plan found them (see
-        :func:`~pipeline._plan.plan_stored`); otherwise read here."""
+        :func:`~pipeline.run._plan.plan_stored`); otherwise read here."""
         chunks = self.chunks
         if sum(len(c.points) for c in chunks) + self.skipped == self.total:
             return [p for c in chunks for p in c.points]
@@ -309,8 +309,8 @@ def plan_sweep(
     ``address`` is only used to count the cluster's trial slots (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
     With ``gpus_per_trial`` the chunks are sized for a GPU trial (see
-    :func:`~pipeline._grid.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
-    ``device_memory`` GiB where given (see :func:`pipeline._resources.trial_resources`).
+    :func:`~pipeline.grid._grid.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
+    ``device_memory`` GiB where given (see :func:`pipeline.run._resources.trial_resources`).
     Writes nothing. The grid's size is checked against ``execution.max_points`` before
     anything else. A spec that differs from the one stored for the same sweep name is
     refused (:func:`check_relaunch`; ``extend`` lets the grid grow).
@@ -391,7 +391,7 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
     """Counts of stored runs by sweep and status; with ``sweep``, also its grid size.
 
     The counts come from the store (one grouped query), the grid size from the stored
-    spec's axis sizes (:func:`~phasesweep.pipeline._grid.grid_size`): nothing is
+    spec's axis sizes (:func:`~phasesweep.pipeline.grid._grid.grid_size`): nothing is
     expanded, so a stored grid of any size answers in bounded memory and time.
     """
     from phasesweep.storage import run_query

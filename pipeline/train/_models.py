@@ -267,7 +267,7 @@ def block_bytes_per_member(
 
 def shares_input(x: Tensor) -> bool:
     """Whether every member sees the same input rows: ``x`` (E, n, d) is one (n, d) matrix
-    expanded over the members (stride 0 along E, as :func:`pipeline._datasets.stack` and
+    expanded over the members (stride 0 along E, as :func:`pipeline.data._datasets.stack` and
     the trainer's minibatches build it when the members' inputs are equal). O(1): the
     equality was established once, where the view was made."""
     return x.dim() == 3 and x.shape[0] > 1 and x.stride(0) == 0

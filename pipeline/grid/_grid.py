@@ -676,7 +676,7 @@ def step_flops(dims: Sequence[int], rows: int) -> float:
 #: Members per chunk, and memory of a chunk in MiB, where the spec leaves
 #: ``execution.max_chunk_size`` / ``execution.memory_budget_mb`` unset and the chunk
 #: trains on the CPU. The trainer steps a chunk in cache-sized blocks of members
-#: (:class:`pipeline._models.EnsembleStep`), so these bound memory, not speed.
+#: (:class:`pipeline.train._models.EnsembleStep`), so these bound memory, not speed.
 CPU_CHUNK_MEMBERS = 1024
 CPU_CHUNK_BUDGET_MB = 1024
 
@@ -694,7 +694,7 @@ CPU_CHUNK_MAX_MEMBERS = 8192
 #: Part of a GPU trial's device memory (the card's memory times ``--gpus-per-trial``) that
 #: one chunk may fill where the spec leaves ``execution.memory_budget_mb`` unset: the
 #: trainer runs the whole ensemble as one block where it fits half the free memory
-#: (:data:`pipeline._models.DEVICE_MEMORY_FRACTION`), and the rest holds the CUDA
+#: (:data:`pipeline.train._models.DEVICE_MEMORY_FRACTION`), and the rest holds the CUDA
 #: context, the allocator's slack and the metrics' temporaries.
 DEVICE_CHUNK_FRACTION = 0.5
 
@@ -732,7 +732,7 @@ def chunk_members(
 def metrics_bytes(config: RunConfig) -> int:
     """Rough working set of one member's metrics at a logged step in bytes: the probe
     activations and sensitivities (probe × Σ widths, twice), a few probe × probe kernels
-    and three copies of θ (see :func:`pipeline._trainer.metrics_block`)."""
+    and three copies of θ (see :func:`pipeline.train._trainer.metrics_block`)."""
     m, d = config.model, config.data
     dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
@@ -755,7 +755,7 @@ def chunk_parts(members: int, size: int, share: int) -> int:
 
 #: Hex digits of a chunk id that name its group (:func:`group_tag`).
 GROUP_TAG_LEN = 8
-#: Hex digits after the group tag: in a planned chunk (:mod:`pipeline._plan`) a layout tag
+#: Hex digits after the group tag: in a planned chunk (:mod:`pipeline.run._plan`) a layout tag
 #: (8: the member axes and how many chunks the group is cut into) and the chunk's index in
 #: its group (8); in a chunk of explicit points a hash of their run ids.
 PART_TAG_LEN = 16
@@ -784,7 +784,7 @@ def make_chunks(points: Sequence[Point], spec: SweepSpec, min_chunks: int = 1) -
     """Pack points with equal :func:`shape_key` into chunks of at most
     :func:`chunk_members` members (``execution.max_chunk_size``,
     ``execution.memory_budget_mb``), for a list of points that is not a grid (``refine``
-    adds points line by line; a grid is planned without a list, see :mod:`pipeline._plan`).
+    adds points line by line; a grid is planned without a list, see :mod:`pipeline.run._plan`).
 
     The chunks of a group are of equal size (±1), so no trial is left with a
     straggler of a few members. ``min_chunks``: split the points into at least this

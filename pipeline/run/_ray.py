@@ -2,10 +2,10 @@
 
 A launch runs on a private embedded Ray unless ``--address`` or ``$RAY_ADDRESS``
 names a cluster (``standing``: this user's standing local Ray, see
-:mod:`pipeline._standing`). A cluster someone else started on the machine is never
+:mod:`pipeline.run._standing`). A cluster someone else started on the machine is never
 joined unless named; an unreachable address fails within seconds (exit 2).
 
-Who else can use it (:mod:`pipeline._auth`, SECURITY.md): the local Rays this module
+Who else can use it (:mod:`pipeline.run._auth`, SECURITY.md): the local Rays this module
 starts or joins (embedded, standing) use Ray's token authentication with the token
 of this user's state folder, and keep their session files in a private folder; a
 named cluster is joined with whatever token the environment gives Ray
@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from phasesweep.pipeline import _auth
-from phasesweep.pipeline import _standing as standing
+from phasesweep.pipeline.run import _auth
+from phasesweep.pipeline.run import _standing as standing
 from phasesweep.pipeline.spec import SpecError
 
 #: The private folder of the embedded Ray this process started (removed when it stops).
@@ -37,7 +37,7 @@ _embedded: list[str] = []
 def cluster_address(address: str | None) -> str | None:
     """The cluster a launch joins: ``address``, else ``$RAY_ADDRESS``, else None (embedded);
     ``local`` names the embedded instance even where ``$RAY_ADDRESS`` is set, ``standing``
-    this user's standing local Ray (:mod:`pipeline._standing`), started if none runs."""
+    this user's standing local Ray (:mod:`pipeline.run._standing`), started if none runs."""
     if address == "local":
         return None
     if address == STANDING:
@@ -81,10 +81,10 @@ def connect(address: str | None) -> None:
     With no ``address`` and no ``$RAY_ADDRESS``: a new local instance private to this
     launch (``address="local"``: Ray never looks for a cluster someone else started on
     the machine), its trials at the priority of other processes
-    (:data:`pipeline._standing.LOCAL_DEFAULTS`), its token the state folder's
-    (:func:`pipeline._standing.state_dir`), its session files in a private folder that
+    (:data:`pipeline.run._standing.LOCAL_DEFAULTS`), its token the state folder's
+    (:func:`pipeline.run._standing.state_dir`), its session files in a private folder that
     :func:`disconnect` removes. ``standing``: this user's standing local Ray, started on
-    demand and left running (:mod:`pipeline._standing`), joined with its token.
+    demand and left running (:mod:`pipeline.run._standing`), joined with its token.
     Otherwise join that cluster with the token settings of the environment; an
     unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``

@@ -1,8 +1,8 @@
 """The vectorized ensemble trainer: one chunk of grid points trains as one ensemble.
 
 Per step, for all members at once: forward and hand-written backward
-(:class:`pipeline._models.EnsembleStep`; bias-free linear nets in factored form,
-:class:`pipeline._linear_step.LinearStep`), loss-crossing events, divergence
+(:class:`pipeline.train._models.EnsembleStep`; bias-free linear nets in factored form,
+:class:`pipeline.train._linear_step.LinearStep`), loss-crossing events, divergence
 masks, and the update ``θ ← θ − η_k ∇L`` with a per-member ``η_k``. Nothing in
 the step synchronises with the host or loops over members; the host is
 consulted only at logged steps, where metrics are recorded and their rows reach the
@@ -39,13 +39,13 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline._datasets import DataBatch, data_seed, make_datasets, stack
-from phasesweep.pipeline._device import accelerated as is_accelerated
-from phasesweep.pipeline._grid import Chunk, member_lr, step_rows
-from phasesweep.pipeline._init import init_params
-from phasesweep.pipeline._linear_step import LinearStep, linear_step_applies
-from phasesweep.pipeline._metrics import MetricRecorder, probe_count
-from phasesweep.pipeline._models import (
+from phasesweep.pipeline.data._datasets import DataBatch, data_seed, make_datasets, stack
+from phasesweep.pipeline.data._seeding import derive_seed, permutations
+from phasesweep.pipeline.grid._grid import Chunk, member_lr, step_rows
+from phasesweep.pipeline.train._device import accelerated as is_accelerated
+from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._linear_step import LinearStep, linear_step_applies
+from phasesweep.pipeline.train._models import (
     DEVICE_MEMORY_FRACTION,
     EnsembleMLP,
     EnsembleStep,
@@ -54,8 +54,8 @@ from phasesweep.pipeline._models import (
     free_device_bytes,
     shares_input,
 )
-from phasesweep.pipeline._runs import runs_table
-from phasesweep.pipeline._seeding import derive_seed, permutations
+from phasesweep.pipeline.train._runs import runs_table
+from phasesweep.pipeline.train.metrics._metrics import MetricRecorder, probe_count
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, log_steps, to_table
 from torch import Tensor
 
@@ -324,14 +324,14 @@ class _Timer:
 
 
 class ChunkTrainer:
-    """Trains one :class:`~pipeline._grid.Chunk` as a vectorized ensemble.
+    """Trains one :class:`~pipeline.grid._grid.Chunk` as a vectorized ensemble.
 
     ``device``: torch device for the whole chunk; ``node_id``: the Ray node training it
     (stored in ``runs``; None outside Ray). Construction draws data and initial weights
     (one loop over members, outside the training loop).
 
     ``accelerated`` (default: whether ``device`` is not the CPU, see
-    :func:`pipeline._device.accelerated`): take the accelerator's paths, the same
+    :func:`pipeline.train._device.accelerated`): take the accelerator's paths, the same
     arithmetic in another order of kernels: the non-logged step with its step index and
     schedule read from device tensors (captured as a CUDA graph on CUDA), the logged rows
     packed into one copy per logged step, the metrics in one block and the spectra by the
@@ -414,9 +414,9 @@ class ChunkTrainer:
         return torch.minimum(self.lr, t.lr_c * norm.pow(2 - depth))
 
     def make_step(self) -> EnsembleStep | LinearStep:
-        """The step engine of this chunk: :class:`~pipeline._linear_step.LinearStep` for
+        """The step engine of this chunk: :class:`~pipeline.train._linear_step.LinearStep` for
         bias-free linear nets where it needs fewer flops, else
-        :class:`~pipeline._models.EnsembleStep`."""
+        :class:`~pipeline.train._models.EnsembleStep`."""
         if linear_step_applies(self.net, self.base.model.bias, step_rows(self.base)):
             return LinearStep(self.net, self.E)
         return EnsembleStep(self.net, self.E)
@@ -426,7 +426,7 @@ class ChunkTrainer:
         """Member-wise minibatch of step k (without replacement within an epoch; groups kept).
 
         Members that share their training inputs and SGD seed get one (batch, d) input
-        matrix expanded over E (see :func:`pipeline._models.shares_input`)."""
+        matrix expanded over E (see :func:`pipeline.train._models.shares_input`)."""
         t, b = self.base.train, self.batch
         g = b.group_size
         n_groups = b.x_train.shape[1] // g
@@ -732,7 +732,7 @@ def metrics_block(
     On CPU as many as fit :data:`METRICS_BLOCK_BYTES` (at most :data:`METRICS_BLOCK`) with
     the probe activations and sensitivities (probe × Σ widths, twice), a few probe × probe
     kernels (where ``kernels``: the NTK metrics are on) and three copies of θ each. ``accelerated`` (default: off the CPU): as many as
-    fit :data:`~pipeline._models.DEVICE_MEMORY_FRACTION` of the device's free memory with,
+    fit :data:`~pipeline.train._models.DEVICE_MEMORY_FRACTION` of the device's free memory with,
     besides, four copies of the largest matrix the batched spectra rotate; no limit where
     the device does not report it. On a GPU that is the whole chunk: a logged step costs
     one pass of the metrics' kernels, not one per cache-sized block."""

@@ -7,7 +7,7 @@ directory lives in a folder private to the launch (:func:`launch_folder`) that
 the launch removes at its end, or the next launch after a kill.
 
 Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
-cluster (:func:`pipeline._ray.connect`); an unreachable address fails within seconds.
+cluster (:func:`pipeline.run._ray.connect`); an unreachable address fails within seconds.
 
 Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage._claims`:
 exclusive create, leases renewed while it trains, taken over when the holder
@@ -30,7 +30,7 @@ interrupted (exit 130). A second SIGINT stops at once.
 
 Progress: trials report their chunk's member-steps every :data:`PROGRESS_EVERY`
 seconds from the trainer's step hook (the hook reads the clock only every
-:data:`~phasesweep.pipeline._trainer.HOOK_EVERY` steps), so points done, member-steps
+:data:`~phasesweep.pipeline.train._trainer.HOOK_EVERY` steps), so points done, member-steps
 per second and the ETA move during a chunk.
 """
 
@@ -56,8 +56,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from phasesweep.pipeline._auth import private_folder
-from phasesweep.pipeline._grid import (
+from phasesweep.pipeline.grid._grid import (
     GROUP_TAG_LEN,
     LAYOUT_LEN,
     Chunk,
@@ -66,11 +65,12 @@ from phasesweep.pipeline._grid import (
     group_tag,
     tagged,
 )
-from phasesweep.pipeline._plan import ChunkTask, expand_task
-from phasesweep.pipeline._progress import Progress
-from phasesweep.pipeline._ray import connect
-from phasesweep.pipeline._runs import runs_table
+from phasesweep.pipeline.run._auth import private_folder
+from phasesweep.pipeline.run._plan import ChunkTask, expand_task
+from phasesweep.pipeline.run._progress import Progress
+from phasesweep.pipeline.run._ray import connect
 from phasesweep.pipeline.spec import RunConfig
+from phasesweep.pipeline.train._runs import runs_table
 from phasesweep.storage import Store
 from phasesweep.storage._claims import Claims, Renewer
 
@@ -220,7 +220,7 @@ def stored_reads(
     its points) reads to find its stored points (a ``select`` for
     :meth:`Store.done_among`): every file of its own chunk id; a file of another chunk
     of its group, unless the plan made both (``planned_at`` given: a chunk id that shares
-    the first :data:`~pipeline._grid.LAYOUT_LEN` digits with its own cuts the group the
+    the first :data:`~pipeline.grid._grid.LAYOUT_LEN` digits with its own cuts the group the
     same way, and holds none of its points); a file whose chunk id has no group tag
     (older stores, compacted files). Files of other chunk ids older than ``planned_at``
     (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left their points
@@ -268,7 +268,7 @@ def train_and_store(
     (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
     and ``interrupted``.
     """
-    from phasesweep.pipeline._trainer import train_chunk
+    from phasesweep.pipeline.train._trainer import train_chunk
 
     store = Store.open(store_uri)
     summary = {"points": 0, "skipped": 0, "busy": 0, "diverged": 0, "interrupted": False}
@@ -346,7 +346,7 @@ def _trial(
     (:func:`_encode`). Threads = the CPUs Ray gave this trial."""
     import ray
     import torch
-    from phasesweep.pipeline._device import trial_device
+    from phasesweep.pipeline.train._device import trial_device
     from ray import tune
 
     assigned = ray.get_runtime_context().get_assigned_resources()
@@ -390,7 +390,7 @@ def launch_folder() -> Iterator[str]:
     """A local folder private to this launch (Tune's experiment directory goes here).
 
     Folders live under ``$TMPDIR/phasesweep-tune-$UID/``, checked before use like the
-    Ray state folder (:func:`pipeline._auth.private_folder`: this account's, mode 0700,
+    Ray state folder (:func:`pipeline.run._auth.private_folder`: this account's, mode 0700,
     no link; a folder another account planted there is refused, exit 2); each holds a
     lock file its launch keeps locked (``flock``) until it ends. The lock dies with its
     process, even on SIGKILL, so every launch first removes the folders whose lock it
@@ -504,7 +504,7 @@ class _Chunks:
         return [p for p in points if p.run_id not in done]
 
     def claims(self, store: Store, sweep: str, points: Sequence[Point]) -> Claims:
-        """The claims of these points' group (:func:`pipeline._grid.group_tag`)."""
+        """The claims of these points' group (:func:`pipeline.grid._grid.group_tag`)."""
         return Claims(store, sweep, group=group_tag(points[0].config))
 
 
@@ -527,7 +527,7 @@ def run_chunks(
     """Schedule ``chunks`` as Tune trials and wait; returns what happened.
 
     ``chunks``: explicit :class:`Chunk` s, or :class:`ChunkTask` s of ``grid`` planned at
-    ``planned_at`` (:func:`pipeline._plan.plan_chunks`): each trial receives its own
+    ``planned_at`` (:func:`pipeline.run._plan.plan_chunks`): each trial receives its own
     chunk only and ``grid`` once. Points of trials that still fail after ``max_retries``
     retries are stored with status ``failed`` (a relaunch trains them again). Points
     another launch is training (live claims) are waited for: when their holder commits

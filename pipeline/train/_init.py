@@ -44,11 +44,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline._datasets import orthogonal_matrix
-from phasesweep.pipeline._models import EnsembleMLP, Params
-from phasesweep.pipeline._seeding import generator
-from phasesweep.pipeline._user_data import load_weights, member_weights
+from phasesweep.pipeline.data._datasets import orthogonal_matrix
+from phasesweep.pipeline.data._seeding import generator
+from phasesweep.pipeline.data._user_data import load_weights, member_weights
 from phasesweep.pipeline.spec import ModelConfig
+from phasesweep.pipeline.train._models import EnsembleMLP, Params
 
 
 def _unit(n: int, gen: torch.Generator) -> torch.Tensor:

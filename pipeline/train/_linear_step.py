@@ -17,10 +17,10 @@ backpropagating numpy loop on the linear shapes of ``benchmarks/shapes.py``). Th
 residuals are formed explicitly, so the loss keeps full relative precision as it
 falls (a loss from the covariances XᵀX and XᵀY would lose it to cancellation).
 
-Equal to :func:`pipeline._models.loss_and_grads` up to round-off: the products are
+Equal to :func:`pipeline.train._models.loss_and_grads` up to round-off: the products are
 associated differently, which moves results by a few ulps of the terms' sizes.
 Members never mix: every product is batched over the ensemble axis or, where the
-members share their input (:func:`pipeline._models.shares_input`), is one GEMM whose
+members share their input (:func:`pipeline.train._models.shares_input`), is one GEMM whose
 rows (f) or columns (G) belong to one member each, so a member that is not finite
 cannot reach another.
 """
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline._grid import step_flops
-from phasesweep.pipeline._models import EnsembleMLP, Params, member_sq_norm, shares_input
+from phasesweep.pipeline.grid._grid import step_flops
+from phasesweep.pipeline.train._models import EnsembleMLP, Params, member_sq_norm, shares_input
 from torch import Tensor
 
 
@@ -52,7 +52,7 @@ def linear_step_applies(net: EnsembleMLP, biased: bool, n_rows: int) -> bool:
 
 class LinearStep:
     """Loss, gradients and gradient steps of a bias-free linear ensemble (see the module
-    docstring); the interface of :class:`pipeline._models.EnsembleStep`.
+    docstring); the interface of :class:`pipeline.train._models.EnsembleStep`.
 
     Parameters are updated in place. Temporaries have k rows per member, so the whole
     ensemble is one block: no cache blocking is needed.

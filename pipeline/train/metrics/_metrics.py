@@ -16,7 +16,7 @@ trajectories
     ``param_norm``        ‖θ(t)‖.  ``grad_norm``: ‖∇_θ L‖ (full training loss).
     ``output_norm``       RMS of f over the probe set, √(mean_{x,o} f_o(x)²).
     ``kernel_distance``   1 − ⟨K_t, K_0⟩_F / (‖K_t‖_F ‖K_0‖_F) of the empirical NTK
-                          (:mod:`pipeline._ntk`; trace kernel over outputs); needs ``metrics.ntk``.
+                          (:mod:`pipeline.train.metrics._ntk`; trace kernel over outputs); needs ``metrics.ntk``.
     ``kernel_alignment``  ⟨K_t, YYᵀ⟩_F / (‖K_t‖_F ‖YYᵀ‖_F), Y the probe labels
                           (= ⟨K, yyᵀ⟩ / (‖K‖ ‖y‖²) for one output).
     ``kernel_rel_change`` ‖K_t − K_0‖_F / ‖K_0‖_F: first order in the kernel's movement;
@@ -44,7 +44,7 @@ trajectories
     ``probe_test_loss``   the loss 1/(2P) Σ ‖f − y‖² on the probe set.
     ``lin_test_loss``     the same loss of the kernel predictor: the linearized model at
                           θ(0) (NTK at init on the training set) trained by gradient flow
-                          to the same time t (:class:`pipeline._ntk.KernelFlow`, closed form).
+                          to the same time t (:class:`pipeline.train.metrics._ntk.KernelFlow`, closed form).
     ``lin_distance``      RMS over the probe set of f(t) − f_lin(t): how far the net is
                           from its linearization (small in the lazy regime). Both need
                           ``metrics.ntk`` and ``metrics.linearized``, one output and at
@@ -74,7 +74,7 @@ one batched SVD per layer (O(width³) for square layers) and one eigendecomposit
 of the kernel (O(P³)) per logged step. The decompositions run in LAPACK far below
 the matmul rate (on an accelerator: by the batched Jacobi method, which streams the
 matrices once per round), so ``metrics.spectra_budget`` caps their estimated work
-(per method: :func:`pipeline._spectra.svd_work`) at a fraction of the training's by
+(per method: :func:`pipeline.train.metrics._spectra.svd_work`) at a fraction of the training's by
 computing them at a log-spaced subset of the logged steps (NULL at the others);
 ``metrics.spectra`` turns the SVDs off, ``metrics.ntk`` the kernel.
 """
@@ -84,10 +84,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline._datasets import DataBatch
-from phasesweep.pipeline._grid import step_flops, step_rows
-from phasesweep.pipeline._models import EnsembleMLP, Forward, Params, member_sq_norm
-from phasesweep.pipeline._ntk import (
+from phasesweep.pipeline.data._datasets import DataBatch
+from phasesweep.pipeline.grid._grid import step_flops, step_rows
+from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
+from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params, member_sq_norm
+from phasesweep.pipeline.train.metrics._ntk import (
     KernelFlow,
     empirical_ntk,
     extreme_eigenvalues,
@@ -97,7 +98,7 @@ from phasesweep.pipeline._ntk import (
     layer_inner,
     sensitivities,
 )
-from phasesweep.pipeline._spectra import (
+from phasesweep.pipeline.train.metrics._spectra import (
     balance_matrix_drift,
     balance_scalar,
     eig_work,
@@ -107,7 +108,6 @@ from phasesweep.pipeline._spectra import (
     svd_work,
     top_singular_values,
 )
-from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
 from torch import Tensor
 
 #: Most elements (members × rows × width) of one block of test points in the
@@ -191,7 +191,7 @@ class MetricRecorder:
     training's work per member, in flops) let ``metrics.spectra_budget`` choose the
     logged steps that get singular values; without them every call computes them.
     :meth:`for_run` fills all three from a run's config. ``jacobi``: eigenvalues and
-    singular values by the batched Jacobi method (:mod:`pipeline._jacobi`, the
+    singular values by the batched Jacobi method (:mod:`pipeline.train.metrics._jacobi`, the
     accelerator's path) instead of LAPACK, and the spectra budget costed for it.
     """
 

@@ -45,7 +45,7 @@ Kinds (``data.kind``):
   e₁, e₂, i.e. [0,1], [2,0], [0,−3], [−4,0]; ``random``: a random orthonormal pair.
 - ``arrays``: the researcher's own x_train, y_train, x_test, y_test (and optionally the
   data subspace's basis, whose complement is the codimension), read from ``data.path``
-  and validated by :mod:`pipeline._user_data`; nothing is drawn (label noise still is).
+  and validated by :mod:`pipeline.data._user_data`; nothing is drawn (label noise still is).
 - ``digits``: scikit-learn's bundled 8×8 digits (64 features, 1797 images),
   restricted to ``classes``; a random train/test split from the data seed;
   features standardised with the training split's mean and std (pixels that are
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline._seeding import generator
+from phasesweep.pipeline.data._seeding import generator
 from phasesweep.pipeline.spec import DataConfig
 from torch import Tensor
 
@@ -336,7 +336,7 @@ def _digits(cfg: DataConfig, gen: torch.Generator) -> Dataset:
 
 
 def _arrays(cfg: DataConfig, gen: torch.Generator) -> Dataset:
-    from phasesweep.pipeline._user_data import BASIS, codim_basis, load_arrays
+    from phasesweep.pipeline.data._user_data import BASIS, codim_basis, load_arrays
 
     arrays, _ = load_arrays(cfg.path)
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in arrays.items()}
@@ -406,7 +406,7 @@ def stack(datasets: Sequence[Dataset], dtype: torch.dtype, device: torch.device 
     When every member's training inputs are equal (members of one data seed whose inputs
     no per-member field changes), ``x_train`` is that one (n, d) matrix expanded over the
     members (stride 0 along E): one copy in memory, and the training step, which checks
-    the stride (:func:`pipeline._models.shares_input`), trains their first layer as one
+    the stride (:func:`pipeline.train._models.shares_input`), trains their first layer as one
     GEMM. The comparison is made here, once per chunk; it costs what stacking costs.
 
     Members that share a dataset object (:func:`make_datasets`) are stacked once and

@@ -410,7 +410,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline._launch import execute
+    from phasesweep.pipeline.run._launch import execute
 
     from phasesweep import _api
 
@@ -632,7 +632,7 @@ def cmd_analysis(args: argparse.Namespace) -> int:
 
 
 def cmd_refine(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline._refine import refine
+    from phasesweep.pipeline.refine._refine import refine
 
     from phasesweep._format import write_table
 
@@ -720,7 +720,7 @@ def _maintain(func, store: object, sweep: str | None, **kwargs: object) -> objec
 
 
 def cmd_standing(args: argparse.Namespace) -> int:
-    from phasesweep.pipeline import _standing
+    from phasesweep.pipeline.run import _standing
 
     if args.action == "stop":
         print("stopped" if _standing.stop() else "no standing Ray is running")
@@ -777,11 +777,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> None:
     """The ``phasesweep`` command: :func:`main`, then Ray left at once if the command
-    used it (:func:`pipeline._ray.disconnect`), rather than in Ray's exit hook, which
+    used it (:func:`pipeline.run._ray.disconnect`), rather than in Ray's exit hook, which
     costs each launch half a second more."""
     code = main()
     if "ray" in sys.modules:  # only commands that launched imported it
-        from phasesweep.pipeline._ray import disconnect
+        from phasesweep.pipeline.run._ray import disconnect
 
         disconnect()
     sys.exit(code)

@@ -1,8 +1,8 @@
 """What a launch's trials run on: how many run at once, and the device memory of each.
 
-Chunks are planned for it (:func:`pipeline._plan.plan_chunks`): at least one chunk per
+Chunks are planned for it (:func:`pipeline.run._plan.plan_chunks`): at least one chunk per
 trial slot, and on GPU trials as many members per chunk as the device memory holds
-(:func:`pipeline._grid.chunk_members`).
+(:func:`pipeline.grid._grid.chunk_members`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 
-from phasesweep.pipeline._ray import cluster_address, connect
+from phasesweep.pipeline.run._ray import cluster_address, connect
 from phasesweep.pipeline.spec import SpecError
 
 #: Environment variable stating the memory of one GPU in GiB, for planning GPU trials

@@ -12,10 +12,10 @@ standing instance joins it instead (0.3 s) and leaves it running.
   ``instance.json`` of its state folder (:func:`state_dir`) and nothing else, never
   through Ray's own discovery. The embedded default never joins it.
 - **No one else's**: Ray's token authentication on; the token is the state folder's
-  ``auth_token`` (:func:`pipeline._auth.token_file`: written once by the first launch,
+  ``auth_token`` (:func:`pipeline.run._auth.token_file`: written once by the first launch,
   mode 0600), which every driver that joins presents (:func:`driver_env`). The state
   folder is trusted only if it is this user's, mode 0700 and no symbolic link
-  (:func:`pipeline._auth.private_folder`), else every command refuses it (exit 2);
+  (:func:`pipeline.run._auth.private_folder`), else every command refuses it (exit 2);
   Ray's session files live in a private folder of their own. Where the user's
   environment says ``RAY_AUTH_MODE=disabled`` the instance starts without a token
   (recorded in ``instance.json``), and every launch that joins it says so on stderr.
@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from phasesweep.pipeline import _auth
+from phasesweep.pipeline.run import _auth
 
 from phasesweep._config import SpecError
 
@@ -75,7 +75,7 @@ LOCAL_DEFAULTS = {"RAY_worker_niceness": "0", "MALLOC_ARENA_MAX": "2"}
 
 def _env(auth: dict[str, str]) -> dict[str, str]:
     """The environment of the head and of the drivers this module starts: the instance's
-    token settings ``auth`` (:func:`pipeline._auth.token_env`) and :data:`LOOPBACK` over
+    token settings ``auth`` (:func:`pipeline.run._auth.token_env`) and :data:`LOOPBACK` over
     :data:`LOCAL_DEFAULTS` and the caller's, and neither ``$RAY_ADDRESS`` (it would name
     another cluster) nor ``$RAY_AUTH_TOKEN`` (it would override the token file)."""
     env = {**LOCAL_DEFAULTS, **os.environ, **auth, **LOOPBACK}
@@ -89,7 +89,7 @@ def state_dir(create: bool = True) -> Path:
     local Ray phasesweep starts. ``$PHASESWEEP_STANDING_DIR``, else
     ``$XDG_RUNTIME_DIR/phasesweep-ray`` (a folder of the user's own, emptied at logout)
     where that exists, else ``$TMPDIR/phasesweep-ray-$UID``. Checked before any file in
-    it is used (:func:`pipeline._auth.private_folder`: exit 2 unless it is this user's,
+    it is used (:func:`pipeline.run._auth.private_folder`: exit 2 unless it is this user's,
     mode 0700, no symbolic link); created when missing and ``create``."""
     given = os.environ.get(_auth.FOLDER_ENV)
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -183,7 +183,7 @@ def ensure(num_cpus: int | None = None) -> str:
         env = _env(driver_env({"auth": auth}))
         private = os.path.dirname(_auth.private_temp_dir())  # Ray's temp folder: private/r
         command = [
-            sys.executable, "-m", "phasesweep.pipeline._standing", "serve",
+            sys.executable, "-m", "phasesweep.pipeline.run._standing", "serve",
             "--port", str(port), "--private-dir", private, "--idle-minutes", str(idle),
             "--num-cpus", str(num_cpus or os.cpu_count() or 1),
         ]  # fmt: skip
@@ -320,7 +320,7 @@ def _serve(port: int, private_dir: str, idle_minutes: float, num_cpus: int) -> N
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m phasesweep.pipeline._standing")
+    ap = argparse.ArgumentParser(prog="python -m phasesweep.pipeline.run._standing")
     ap.add_argument("command", choices=["serve"])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--private-dir", required=True)

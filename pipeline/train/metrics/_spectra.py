@@ -5,7 +5,7 @@ not finite gets NaN and never stops the others (batched LAPACK calls fail on
 non-finite input, so such members are replaced by zeros before the call).
 
 Singular values come from LAPACK (``torch.linalg.svdvals``) or, with ``jacobi``, from
-the batched Jacobi method of :mod:`pipeline._jacobi` (the accelerator's path: no
+the batched Jacobi method of :mod:`pipeline.train.metrics._jacobi` (the accelerator's path: no
 solver call per member, no host read of error codes); both to working precision.
 
 Cost: the singular values of a (fan_out, fan_in) layer cost O(E·m²·M) with
@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 import torch
-from phasesweep.pipeline import _jacobi
-from phasesweep.pipeline._models import Params, member_sq_norm
+from phasesweep.pipeline.train._models import Params, member_sq_norm
+from phasesweep.pipeline.train.metrics import _jacobi
 from torch import Tensor
 
 #: Most elements of one (members × n × n) temporary of the matrix balance.
@@ -41,7 +41,7 @@ def top_singular_values(
 
     Entries beyond min(a, b) are NaN (stored as NULL); NaN rows for non-finite members.
     ``finite``: (E,) bool, whether each member's matrix is finite, if already known.
-    ``jacobi``: by :func:`pipeline._jacobi.svdvals` instead of LAPACK.
+    ``jacobi``: by :func:`pipeline.train.metrics._jacobi.svdvals` instead of LAPACK.
     """
     ok = _finite_rows(w) if finite is None else finite
     safe = torch.where(ok.view(-1, 1, 1), w, torch.zeros((), dtype=w.dtype, device=w.device))
@@ -166,10 +166,10 @@ EIG_COST = 24.0
 
 
 def jacobi_work(n: int, length: int, passes: int) -> float:
-    """Estimated work of :mod:`pipeline._jacobi` on one member's n × ``length`` matrix, in
+    """Estimated work of :mod:`pipeline.train.metrics._jacobi` on one member's n × ``length`` matrix, in
     training-flop units: sweeps × (n − 1) rounds, each ``passes`` reads or writes of the
     n × length entries (it streams them; the rotations' arithmetic is negligible), each
-    worth :data:`JACOBI_PASS_COST`. Sweeps: 2·log2 n, at least :data:`~pipeline._jacobi.MIN_SWEEPS`
+    worth :data:`JACOBI_PASS_COST`. Sweeps: 2·log2 n, at least :data:`~pipeline.train.metrics._jacobi.MIN_SWEEPS`
     (random matrices of order 64 take 9-10, graded ones up to 21)."""
     if n < 2:
         return 0.0

@@ -7,7 +7,7 @@ x, x′ is
 
 (for k = 1 the usual scalar NTK; for k > 1 the trace of the k×k kernel
 matrix). With layer ``l`` computing ``z_l = c_l · W_l h_{l−1} + b_l`` (see
-:mod:`pipeline._models`), ∂f_o/∂W_l[j, i] = c_l δ^o_l[j] h_{l−1}[i] with
+:mod:`pipeline.train._models`), ∂f_o/∂W_l[j, i] = c_l δ^o_l[j] h_{l−1}[i] with
 δ^o_l = ∂f_o/∂z_l, so the Jacobian never needs to be materialised:
 
     K = Σ_l  D_l ∘ (c_l² H_{l−1} H_{l−1}ᵀ + [bias] 1 1ᵀ),   D_l = Σ_o Δ^o_l Δ^o_lᵀ,
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from phasesweep.pipeline import _jacobi
-from phasesweep.pipeline._models import EnsembleMLP, Forward, Params
+from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params
+from phasesweep.pipeline.train.metrics import _jacobi
 from torch import Tensor
 
 
@@ -60,7 +60,7 @@ def layer_inner(net: EnsembleMLP, h: Tensor, layer: int, bias: bool) -> Tensor:
     """c_l² H Hᵀ (+ 1 1ᵀ with biases): the inner product of layer ``layer``'s inputs
     (0-based) that the NTK's layer term multiplies, from its inputs h (E, P, n_{l−1}):
     (E, P, P). For the first layer h is the data, so this term never changes in
-    training: :class:`pipeline._metrics.MetricRecorder` computes it once
+    training: :class:`pipeline.train.metrics._metrics.MetricRecorder` computes it once
     (``input_gram`` of :func:`empirical_ntk`), which saves a P × P × d gram per logged
     step (the largest of them for d = 784)."""
     c2 = net.multipliers[layer] ** 2
@@ -154,7 +154,7 @@ def extreme_eigenvalues(k: Tensor, jacobi: bool = False) -> tuple[Tensor, Tensor
 
     LAPACK: a finite total means every entry is finite (NaN and ±inf propagate through a
     sum), so the usual case costs one reduction and one host read, not a mask and a
-    masked copy. ``jacobi``: by :func:`pipeline._jacobi.eigh`, always masked (no host
+    masked copy. ``jacobi``: by :func:`pipeline.train.metrics._jacobi.eigh`, always masked (no host
     read of the total)."""
     if not jacobi and bool(torch.isfinite(k.sum()).item()):
         ev = torch.linalg.eigvalsh(k)
@@ -185,7 +185,7 @@ class KernelFlow:
     def __init__(self, k_all: Tensor, f0: Tensor, y_train: Tensor, jacobi: bool = False) -> None:
         """``k_all`` (E, n + P, n + P): the NTK at init on [X; P]; ``f0`` (E, n + P, 1) the
         outputs at init there; ``y_train`` (E, n, 1). ``jacobi``: the eigendecomposition
-        by :func:`pipeline._jacobi.eigh` instead of LAPACK."""
+        by :func:`pipeline.train.metrics._jacobi.eigh` instead of LAPACK."""
         n = y_train.shape[1]
         self.n = n
         k_xx = k_all[:, :n, :n]

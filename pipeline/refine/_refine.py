@@ -4,7 +4,7 @@ A sweep's grid places most runs deep inside a phase. ``refine`` takes a stored s
 (the *parent*), and for every value of its other grid axes (a *line*, e.g. one width
 and depth) bisects the searched axis (default ``init_scale``) between the parent's grid
 points where the seed-mean of the metric's final value crosses the level
-(:mod:`pipeline._levelset`). Every proposed point trains with all of the parent's seeds
+(:mod:`pipeline.refine._levelset`). Every proposed point trains with all of the parent's seeds
 (replicates near the boundary give its seed spread), and a whole batch of proposals —
 every line's next point — trains as one vectorized ensemble per tensor shape.
 
@@ -57,8 +57,15 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
-from phasesweep.pipeline._grid import Point, axis_path, expand, make_chunks
-from phasesweep.pipeline._levelset import LINE, LevelSetSampler, LineState, X, coord, crossing
+from phasesweep.pipeline.grid._grid import Point, axis_path, expand, make_chunks
+from phasesweep.pipeline.refine._levelset import (
+    LINE,
+    LevelSetSampler,
+    LineState,
+    X,
+    coord,
+    crossing,
+)
 from phasesweep.pipeline.spec import SHORT_NAMES, SpecError, parse_yaml, validate_spec
 from phasesweep.storage import Store, open_catalog, schema
 
@@ -452,7 +459,7 @@ def _store_child_spec(p: Plan, points: Sequence[Point]) -> None:
 def _train(p: Plan, points: Sequence[Point], address: str | None, use_ray: bool) -> tuple[int, int]:
     """Train the points the store lacks as one ensemble chunk per tensor shape; returns
     (points trained, points failed)."""
-    from phasesweep.pipeline._driver import run_chunks, train_and_store
+    from phasesweep.pipeline.run._driver import run_chunks, train_and_store
 
     done = p.store.done_run_ids(p.child)
     todo = [pt for pt in points if pt.run_id not in done]
