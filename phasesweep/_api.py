@@ -89,7 +89,7 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
         except ValueError as e:
             raise StoreError(resolve_store_uri(store), str(e)) from None
     try:
-        exists = opened.fs.isdir(opened.root) if opened.is_local else opened.fs.exists(opened.root)
+        exists = opened.exists()
     except Exception as e:  # botocore/aiohttp connection errors have no common base
         raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
     if must_exist and not exists:

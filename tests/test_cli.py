@@ -267,6 +267,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
+    import trial_faults
     from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import load_spec_and_raw
 
@@ -286,7 +287,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
             "--cpus-per-trial",
             "2",
         ],
-        env_extra={"PHASESWEEP_INJECT_FAILURE": victim, "TMPDIR": str(tune_tmp)},
+        env_extra={**trial_faults.env(PHASESWEEP_INJECT_FAILURE=victim), "TMPDIR": str(tune_tmp)},
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err

@@ -19,11 +19,13 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
+import trial_faults
 from phasesweep.pipeline.grid import expand, group_tag
-from phasesweep.pipeline.run._driver import HOLD_ENV, PROGRESS_EVERY
 from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER
+from phasesweep.pipeline.run._trial import PROGRESS_EVERY
 from phasesweep.pipeline.spec import load_spec_and_raw
 from phasesweep.storage.schema import log_steps, to_table
+from trial_faults import HOLD_ENV
 
 #: Subprocess timeouts: Ray starts slowly on a loaded machine.
 TIMEOUT = 600
@@ -204,7 +206,7 @@ def _held(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     machine is (else a slow second trial may start only after the first chunk ended)."""
     hold = tmp_path / "hold"
     hold.touch()
-    return {**env, HOLD_ENV: str(hold)}
+    return {**env, **trial_faults.env(**{HOLD_ENV: str(hold)})}
 
 
 def _started(store: Path, n: int) -> bool:
@@ -277,7 +279,7 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
     from phasesweep.pipeline.grid import Chunk
-    from phasesweep.pipeline.run._driver import train_and_store
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims
 

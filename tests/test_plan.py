@@ -19,13 +19,13 @@ from phasesweep.pipeline.grid import (
     shape_key,
     tagged,
 )
-from phasesweep.pipeline.run._driver import stored_reads
 from phasesweep.pipeline.run._plan import (
     ChunkTask,
     expand_task,
     plan_chunks,
     plan_stored,
 )
+from phasesweep.pipeline.run._trial import stored_reads
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.storage import Store
 from test_grid import MIXED_GRIDS, _naive_expand

@@ -250,7 +250,7 @@ class Plan:
     tasks: list[ChunkTask]
     #: points of the grid the store held when the plan was made
     skipped: int
-    #: when the plan read the store (epoch seconds; see :func:`pipeline.run._driver.stored_reads`)
+    #: when the plan read the store (epoch seconds; see :func:`pipeline.run._trial.stored_reads`)
     planned_at: float
     #: the device memory one trial plans for (bytes): None for CPU trials
     device_memory: int | None = None
