@@ -263,9 +263,9 @@ def plain_train(config: RunConfig, report=None) -> float:
     and passed to ``report(step, train_loss, test_loss)`` if given.
     """
     from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+    from phasesweep.pipeline.grid._grid import member_lr
     from phasesweep.pipeline.train._init import init_params
     from phasesweep.pipeline.train._models import EnsembleMLP
-    from phasesweep.pipeline.train._trainer import member_lr
     from phasesweep.storage.schema import log_steps
 
     ds = make_dataset(config.data, data_seed(config.data, config.train.seed))

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid._grid import expand, make_chunks, member_lr
 from phasesweep.pipeline.spec import validate_spec
-from phasesweep.pipeline.train._trainer import member_lr, train_chunk
+from phasesweep.pipeline.train._trainer import train_chunk
 
 torch.set_num_threads(1)
 
