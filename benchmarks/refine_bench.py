@@ -107,7 +107,7 @@ def spec(name: str, s: Sizes, points: int) -> dict[str, Any]:
 
 def train_sweep(store, raw: dict[str, Any], use_ray: bool) -> tuple[int, float]:
     """Train a sweep as ``phasesweep run`` does; (runs trained, wall seconds)."""
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.run._driver import run_chunks, train_and_store
     from phasesweep.pipeline.run._resources import trial_slots
     from phasesweep.pipeline.spec import validate_spec

@@ -29,14 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline.grid._grid import (
-    Chunk,
-    Point,
-    expand,
-    flops_per_step,
-    make_chunks,
-    step_rows,
-)
+from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks, step_rows
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 # -- the grid -----------------------------------------------------------------------------
@@ -263,7 +256,7 @@ def plain_train(config: RunConfig, report=None) -> float:
     and passed to ``report(step, train_loss, test_loss)`` if given.
     """
     from phasesweep.pipeline.data._datasets import data_seed, make_dataset
-    from phasesweep.pipeline.grid._grid import member_lr
+    from phasesweep.pipeline.grid import member_lr
     from phasesweep.pipeline.train._init import init_params
     from phasesweep.pipeline.train._models import EnsembleMLP
     from phasesweep.storage.schema import log_steps

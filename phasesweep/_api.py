@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import duckdb
     import pandas as pd
     import pyarrow as pa
-    from phasesweep.pipeline.grid._grid import Point
+    from phasesweep.pipeline.grid import Point
     from phasesweep.pipeline.run._driver import SweepOutcome
     from phasesweep.pipeline.run._launch import Plan, Status
     from phasesweep.pipeline.spec import SweepSpec
@@ -137,7 +137,7 @@ def expand(spec: SpecSource) -> list[Point]:
     under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
     varies fastest).
     """
-    from phasesweep.pipeline.grid._grid import expand as expand_grid
+    from phasesweep.pipeline.grid import expand as expand_grid
     from phasesweep.pipeline.spec import SweepSpec
 
     return expand_grid(spec if isinstance(spec, SweepSpec) else load_spec(spec))

@@ -18,7 +18,7 @@ cores, small batched ops slow down by an order of magnitude).
 
 from typing import TYPE_CHECKING
 
-from phasesweep.pipeline.grid._grid import Chunk, Point, expand, make_chunks, run_id_of
+from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
 
 #: The trainer pulls in torch: imported on first use so the CLI starts fast

@@ -720,8 +720,8 @@ class SweepSpec(Section):
         """init file: the first and last layers fit the data, and every seed has weights."""
         if self.model.init != "file":
             return self
+        from phasesweep.pipeline._axes import axis_path, axis_values
         from phasesweep.pipeline.data._user_data import load_weights, member_weights
-        from phasesweep.pipeline.grid._grid import axis_path, axis_values
 
         m, path = self.model, self.model.init_path
         dims = [self.data.input_dim] + [m.width] * (m.depth - 1) + [self.data.output_dim]

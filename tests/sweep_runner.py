@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from phasesweep.pipeline.grid._grid import Point, expand, make_chunks
+from phasesweep.pipeline.grid import Point, expand, make_chunks
 from phasesweep.pipeline.spec import SweepSpec, load_spec
 from phasesweep.pipeline.train._trainer import train_chunk
 

@@ -137,7 +137,7 @@ def test_ready_sweeps_reach_equal_time_across_init_scales():
     # constant-lr sweeps: points that differ only in init scale, width or seed end at the
     # same t = lr_effective * steps (so "final" is an equal-time comparison), and at or
     # past analysis.at_time where it is set
-    from phasesweep.pipeline.grid._grid import expand, member_lr
+    from phasesweep.pipeline.grid import expand, member_lr
     from phasesweep.pipeline.spec import load_spec
     from sweep_runner import SWEEPS
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import TINY_SPEC
 from phasesweep.analysis._analyze import unreached
-from phasesweep.pipeline.grid import _grid
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline import _axes
+from phasesweep.pipeline.grid import _grid, expand, make_chunks
 from phasesweep.pipeline.grid._horizon import final_time, grid_final_time
 from phasesweep.pipeline.spec import SpecError, load_spec, validate_spec
 from phasesweep.pipeline.train._trainer import train_chunk
@@ -74,7 +74,7 @@ def test_grid_final_time_is_the_largest_over_every_point():
     naive = max(final_time(p.config) for p in expand(spec))
     assert grid_final_time(spec) == naive
     # the largest is not simply every axis at its largest value
-    top = {k: [max(_grid.axis_values(k, v))] for k, v in grid.items() if k != "train.lr_schedule"}
+    top = {k: [max(_axes.axis_values(k, v))] for k, v in grid.items() if k != "train.lr_schedule"}
     assert grid_final_time(validate_spec({**TINY_SPEC, "grid": top})) < naive
 
 

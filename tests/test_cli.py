@@ -126,7 +126,7 @@ def test_the_stored_grid_covers_every_stored_point_after_a_relaunch(tmp_path, ti
     """What ``status`` counts against: the stored spec's grid, after a relaunch of a part
     of it (unchanged), after an extension that holds it (the new grid) and after one that
     adds to some axes only (each axis takes the values of both)."""
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.run._launch import plan_sweep
     from phasesweep.pipeline.spec import parse_yaml, validate_spec
 
@@ -267,7 +267,7 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import load_spec
 
     victim = expand(load_spec(spec)[0])[0].run_id

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, group_tag
+from phasesweep.pipeline.grid import expand, group_tag
 from phasesweep.pipeline.run._driver import HOLD_ENV, PROGRESS_EVERY
 from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER
 from phasesweep.pipeline.spec import load_spec
@@ -276,7 +276,7 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
 
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
-    from phasesweep.pipeline.grid._grid import Chunk
+    from phasesweep.pipeline.grid import Chunk
     from phasesweep.pipeline.run._driver import train_and_store
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims

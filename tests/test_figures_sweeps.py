@@ -21,7 +21,7 @@ from matplotlib import pyplot as plt
 from matplotlib.contour import ContourSet
 from phasesweep.analysis import draw, report
 from phasesweep.analysis._plotting import open_sweep, plots_for
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import load_spec
 from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import Store, open_catalog

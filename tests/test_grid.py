@@ -8,14 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 import yaml
-from phasesweep.pipeline.grid._grid import (
-    axis_size,
-    expand,
-    grid_size,
-    iter_points,
-    make_chunks,
-    run_id_of,
-)
+from phasesweep.pipeline._axes import axis_size
+from phasesweep.pipeline.grid import expand, grid_size, iter_points, make_chunks, run_id_of
 from phasesweep.pipeline.spec import SpecError, validate_spec
 
 
@@ -96,7 +90,7 @@ def test_chunks_group_equal_shapes_and_respect_the_size_limit():
 
 def _naive_expand(spec):
     """Reference: every combination validated as a whole RunConfig, repeats dropped by run_id."""
-    from phasesweep.pipeline.grid._grid import axis_path, axis_values
+    from phasesweep.pipeline._axes import axis_path, axis_values
     from phasesweep.pipeline.spec import RunConfig
 
     axes = [(a, axis_path(a), list(axis_values(a, v))) for a, v in spec.grid.items()]
@@ -132,7 +126,7 @@ MIXED_GRIDS = [
 def test_streamed_expansion_matches_a_naive_loop(monkeypatch, grid, eager):
     """Same points, order, coords and configs as validating every combination whole;
     also when every section is validated lazily (as large sections are)."""
-    import phasesweep.pipeline.grid._grid as grid_mod
+    import phasesweep.pipeline.grid._section_options as grid_mod
 
     spec = _spec(grid)
     if not eager:

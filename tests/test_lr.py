@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, make_chunks, member_lr
+from phasesweep.pipeline.grid import expand, make_chunks, member_lr
 from phasesweep.pipeline.grid._horizon import final_time
 from phasesweep.pipeline.spec import TrainConfig, validate_spec
 from phasesweep.pipeline.train._models import Params

@@ -72,7 +72,7 @@ def quickstart_left(tmp_path):
     import numpy as np
     import pyarrow as pa
     from phasesweep.analysis._calibration import synthetic_sweep
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import load_spec
     from phasesweep.storage import Store
 

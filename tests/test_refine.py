@@ -161,7 +161,7 @@ def test_synthetic_refinement_store_table_and_child_sweep(synth_store, tmp_path)
 
     spec = validate_spec(parse_yaml(synth_store.read_spec(child)))
     assert spec.parent == "synth" and spec.name == child
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
 
     assert set(trained) <= {p.run_id for p in expand(spec)}  # every refined point is a grid point
     # a second refine finds nothing to do and trains nothing
@@ -175,7 +175,7 @@ def test_default_tol_is_four_halvings_on_a_log_spaced_grid(tmp_path, monkeypatch
     four times (0.015625) was judged too wide: a fifth halving, 30 runs instead of 24 on
     three lines of two seeds."""
     import phasesweep.pipeline.train._trainer as trainer
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     crossings = {16: -0.43, 32: 0.13, 64: 0.31}  # inside the range, off bisection points
@@ -403,7 +403,7 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     from matplotlib import pyplot as plt
     from phasesweep.analysis._boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
     from phasesweep.analysis.figures import phase_diagram_figure
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.run._driver import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
@@ -494,7 +494,7 @@ def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noq
 
 def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli, shared_ray):
     """The command's default path: every batch is a Ray Tune run of ensemble chunks."""
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.run._driver import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
@@ -519,7 +519,7 @@ def test_benchmark_design_meets_its_run_target_and_fits_a_known_exponent(monkeyp
     """The full benchmark's grids (no training): refine's runs when every line bisects
     its coarse decade down to the dense spacing are <= 10 % of the dense grid's; the
     exponent fit recovers a known power law."""
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import validate_spec
 
     monkeypatch.syspath_prepend(str(HERE.parent))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import load_spec
 from sweep_runner import SWEEPS
 

@@ -57,7 +57,8 @@ import yaml
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
-from phasesweep.pipeline.grid._grid import Point, axis_path, expand, make_chunks
+from phasesweep.pipeline._axes import axis_path
+from phasesweep.pipeline.grid import Point, expand, make_chunks
 from phasesweep.pipeline.refine._levelset import (
     LINE,
     LevelSetSampler,

@@ -56,7 +56,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from phasesweep.pipeline.grid._grid import (
+from phasesweep.pipeline.grid import (
     GROUP_TAG_LEN,
     LAYOUT_LEN,
     Chunk,
@@ -220,7 +220,7 @@ def stored_reads(
     its points) reads to find its stored points (a ``select`` for
     :meth:`Store.done_among`): every file of its own chunk id; a file of another chunk
     of its group, unless the plan made both (``planned_at`` given: a chunk id that shares
-    the first :data:`~pipeline.grid._grid.LAYOUT_LEN` digits with its own cuts the group the
+    the first :data:`~pipeline.grid._groups.LAYOUT_LEN` digits with its own cuts the group the
     same way, and holds none of its points); a file whose chunk id has no group tag
     (older stores, compacted files). Files of other chunk ids older than ``planned_at``
     (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left their points
@@ -504,7 +504,7 @@ class _Chunks:
         return [p for p in points if p.run_id not in done]
 
     def claims(self, store: Store, sweep: str, points: Sequence[Point]) -> Claims:
-        """The claims of these points' group (:func:`pipeline.grid._grid.group_tag`)."""
+        """The claims of these points' group (:func:`pipeline.grid._groups.group_tag`)."""
         return Claims(store, sweep, group=group_tag(points[0].config))
 
 

@@ -19,16 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline.grid._grid import (
-    Chunk,
-    Grid,
-    Point,
-    axis_path,
-    axis_values,
-    flops_per_step,
-    grid_size,
-    member_bytes,
-)
+from phasesweep.pipeline._axes import axis_path, axis_values
+from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size, member_bytes
 from phasesweep.pipeline.run._driver import SweepOutcome, run_chunks
 from phasesweep.pipeline.run._plan import ChunkTask, expand_task, plan_chunks, plan_stored
 from phasesweep.pipeline.run._ray import connect
@@ -309,7 +301,7 @@ def plan_sweep(
     ``address`` is only used to count the cluster's trial slots (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
     With ``gpus_per_trial`` the chunks are sized for a GPU trial (see
-    :func:`~pipeline.grid._grid.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
+    :func:`~pipeline.grid._cost.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
     ``device_memory`` GiB where given (see :func:`pipeline.run._resources.trial_resources`).
     Writes nothing. The grid's size is checked against ``execution.max_points`` before
     anything else. A spec that differs from the one stored for the same sweep name is

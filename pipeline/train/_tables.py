@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline.grid._grid import Chunk
+from phasesweep.pipeline.grid import Chunk
 from phasesweep.pipeline.train._runs import runs_table
 from phasesweep.storage.schema import CROSSING_COLUMNS, to_table
 from torch import Tensor
