@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks, step_rows
+from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
+from phasesweep.pipeline.train._optim import step_rows
 
 # -- the grid -----------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ class StepGraph:
     """The non-logged step as a CUDA graph: eager for :data:`GRAPH_WARMUP` steps (on a side
     stream, as torch's graph capture asks), then captured once and replayed at every
     non-logged step after. ``step()`` must take its step index and schedule from device
-    tensors and update its state in place (see :meth:`ChunkTrainer.fused_step`).
+    tensors and update its state in place (see
+    :meth:`pipeline.train._trainer.ChunkTrainer.fused_step`).
 
     The stepper's cached buffers are dropped before the capture (``reset``), so that the
     ones the graph writes are allocated during the capture, in the graph's own memory

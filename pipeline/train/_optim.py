@@ -41,14 +41,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 if TYPE_CHECKING:
     from phasesweep.pipeline.data._datasets import DataBatch
     from phasesweep.pipeline.spec import RunConfig, TrainConfig
-    from phasesweep.pipeline.train._linear_step import LinearStep
-    from phasesweep.pipeline.train._models import EnsembleStep, Params
+    from phasesweep.pipeline.train._models import Params
     from torch import Tensor
+
+
+class Stepper(Protocol):
+    """A step engine (:class:`~pipeline.train._models.EnsembleStep`,
+    :class:`~pipeline.train._linear_step.LinearStep`), as far as an optimizer uses it
+    (named here, not imported: the step engines import the grid, which imports this)."""
+
+    def step(self, params: Params, x: Tensor, y: Tensor, eta: Tensor) -> Tensor:
+        """θ ← θ − η∇L on (x, y) in place; the loss (E,) before the update."""
+        ...
+
 
 # -- optimizers ---------------------------------------------------------------------------------
 
@@ -77,9 +87,7 @@ class Optimizer:
         """The (x, y) that step k trains on, x (E, rows, d) and y (E, rows, output_dim)."""
         return self.batch.x_train, self.batch.y_train
 
-    def step(
-        self, stepper: EnsembleStep | LinearStep, params: Params, x: Tensor, y: Tensor, eta: Tensor
-    ) -> Tensor:
+    def step(self, stepper: Stepper, params: Params, x: Tensor, y: Tensor, eta: Tensor) -> Tensor:
         """A non-logged step on (x, y) with η ``eta`` (E,), θ updated in place; returns the
         loss (E,) at θ before the update. Reads nothing on the host."""
         return stepper.step(params, x, y, eta)
@@ -133,7 +141,8 @@ class Schedule:
     section and its nets' ``depth`` (weight matrices); the base of every schedule."""
 
     #: config fields besides ``train.lr``, ``train.steps`` and the scaling of lr that
-    #: :meth:`final_time` depends on, as dotted paths
+    #: :meth:`final_time` depends on, as dotted paths; it must be monotone in each (the
+    #: horizon looks for the largest final time of a grid at the corners of its axes)
     time_fields: ClassVar[tuple[str, ...]] = ()
     #: (section, field) of the config that may differ between the members of a chunk
     member_fields: ClassVar[tuple[tuple[str, str], ...]] = (("train", "lr"),)
