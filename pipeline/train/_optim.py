@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 if TYPE_CHECKING:
+    import torch
     from phasesweep.pipeline.data._datasets import DataBatch
     from phasesweep.pipeline.spec import RunConfig, TrainConfig
     from phasesweep.pipeline.train._models import Params
@@ -66,7 +67,7 @@ class Stepper(Protocol):
 class Optimizer:
     """``gd``: full-batch gradient descent, θ ← θ − η_k ∇L(θ) on the whole training set.
 
-    Built per chunk from its stacked data ``batch`` and the members' ``configs``; the base of
+    Built per chunk from the members' ``configs`` and the training ``device``; the base of
     every optimizer."""
 
     #: whether :meth:`minibatch` is the whole training set (the loss every step sees is the
@@ -80,12 +81,13 @@ class Optimizer:
         """Samples one training step sees."""
         return config.data.n_train
 
-    def __init__(self, batch: DataBatch, configs: Sequence[RunConfig]) -> None:
-        self.batch = batch
+    def __init__(self, configs: Sequence[RunConfig], device: torch.device) -> None:
+        """gd keeps nothing of the chunk: its rows are the training set of each call's data."""
 
-    def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
-        """The (x, y) that step k trains on, x (E, rows, d) and y (E, rows, output_dim)."""
-        return self.batch.x_train, self.batch.y_train
+    def minibatch(self, batch: DataBatch, k: int) -> tuple[Tensor, Tensor]:
+        """The (x, y) of the chunk's data ``batch`` that step k trains on, x (E, rows, d)
+        and y (E, rows, output_dim)."""
+        return batch.x_train, batch.y_train
 
     def step(self, stepper: Stepper, params: Params, x: Tensor, y: Tensor, eta: Tensor) -> Tensor:
         """A non-logged step on (x, y) with η ``eta`` (E,), θ updated in place; returns the
@@ -116,14 +118,13 @@ class MinibatchSGD(Optimizer):
     def step_rows(config: RunConfig) -> int:
         return cast(int, config.train.batch_size)  # the spec requires it for sgd
 
-    def __init__(self, batch: DataBatch, configs: Sequence[RunConfig]) -> None:
+    def __init__(self, configs: Sequence[RunConfig], device: torch.device) -> None:
         from phasesweep.pipeline.train._sampler import MinibatchSampler
 
-        super().__init__(batch, configs)
-        self.sampler = MinibatchSampler(batch, configs)
+        self.sampler = MinibatchSampler(configs, device)
 
-    def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
-        return self.sampler(k)
+    def minibatch(self, batch: DataBatch, k: int) -> tuple[Tensor, Tensor]:
+        return self.sampler(batch, k)
 
 
 #: ``train.optimizer`` -> its class (the literal in :mod:`pipeline.spec` lists the same names).

@@ -158,9 +158,7 @@ class ChunkTrainer:
             self.dtype,
             self.device,
         )
-        self.optimizer = OPTIMIZERS[base.train.optimizer](self.batch, self.configs)
-        #: ``minibatch(k)``: the (x, y) step k trains on (the training set for full-batch gd)
-        self.minibatch = self.optimizer.minibatch
+        self.optimizer = OPTIMIZERS[base.train.optimizer](self.configs, self.device)
         self.schedule = SCHEDULES[base.train.lr_schedule](
             vec([member_lr(c) for c in self.configs]), base.train, self.net.depth
         )
@@ -172,6 +170,11 @@ class ChunkTrainer:
         if linear_step_applies(self.net, self.base.model.bias, self.optimizer.step_rows(self.base)):
             return LinearStep(self.net, self.E)
         return EnsembleStep(self.net, self.E)
+
+    def minibatch(self, k: int) -> tuple[Tensor, Tensor]:
+        """The (x, y) of this chunk's data that step k trains on (its optimizer's choice:
+        the whole training set for full-batch gd)."""
+        return self.optimizer.minibatch(self.batch, k)
 
     # -- training ------------------------------------------------------------------------
     def run(self, hook: StepHook | None = None, resume: dict | None = None) -> dict[str, pa.Table]:
