@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from phasesweep.pipeline.spec import RunConfig
+from phasesweep.pipeline._run_config import RunConfig
 from pydantic import BaseModel
 
 from phasesweep._config import SHORT_NAMES, SpecError, did_you_mean

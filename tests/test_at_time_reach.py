@@ -19,7 +19,7 @@ from phasesweep.analysis._analyze import unreached
 from phasesweep.pipeline import _axes
 from phasesweep.pipeline.grid import _grid, expand, make_chunks
 from phasesweep.pipeline.grid._horizon import final_time, grid_final_time
-from phasesweep.pipeline.spec import SpecError, load_spec, validate_spec
+from phasesweep.pipeline.spec import SpecError, load_spec_and_raw, validate_spec
 from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import run_query
 from test_figures_sweeps import train_into_store
@@ -109,7 +109,7 @@ def test_run_with_at_time_past_every_run_exits_2_naming_the_fix(tmp_path, capsys
     # the fix it names works
     assert main([*args, "--set", "analysis.at_time=150", "--dry-run"]) == 0
     # the same from Python
-    spec, _ = load_spec("sweeps/quickstart.yaml", ["train.steps=300", "grid.seed=[0]"])
+    spec, _ = load_spec_and_raw("sweeps/quickstart.yaml", ["train.steps=300", "grid.seed=[0]"])
     with pytest.raises(SpecError, match="analysis.at_time"):
         phasesweep.plan(spec, store)
     assert not store.exists()

@@ -268,9 +268,9 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     store = tmp_path / "store"
     spec = tiny_spec()
     from phasesweep.pipeline.grid import expand
-    from phasesweep.pipeline.spec import load_spec
+    from phasesweep.pipeline.spec import load_spec_and_raw
 
-    victim = expand(load_spec(spec)[0])[0].run_id
+    victim = expand(load_spec_and_raw(spec)[0])[0].run_id
     tune_tmp = Path(
         tempfile.mkdtemp(prefix="ps", dir="/tmp")
     )  # short: Ray's socket paths live here

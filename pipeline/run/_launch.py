@@ -20,7 +20,15 @@ from typing import Any
 
 import yaml
 from phasesweep.pipeline._axes import axis_path, axis_values
-from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size, member_bytes
+from phasesweep.pipeline.grid import (
+    Chunk,
+    Grid,
+    Point,
+    check_at_time,
+    flops_per_step,
+    grid_size,
+    member_bytes,
+)
 from phasesweep.pipeline.run._driver import SweepOutcome, run_chunks
 from phasesweep.pipeline.run._plan import ChunkTask, expand_task, plan_chunks, plan_stored
 from phasesweep.pipeline.run._ray import connect
@@ -31,7 +39,7 @@ from phasesweep.pipeline.spec import (
     SweepSpec,
     apply_override,
     excerpt,
-    load_spec,
+    load_spec_and_raw,
     parse_override,
     parse_yaml,
     validate_spec,
@@ -50,7 +58,7 @@ def resolve_spec(source: SpecSource, overrides: Sequence[str] = ()) -> tuple[Swe
     Raises :class:`SpecError` (exit 2 in the CLI) naming the key and value.
     """
     if isinstance(source, str | Path):
-        return load_spec(source, list(overrides))
+        return load_spec_and_raw(source, list(overrides))
     if isinstance(source, SweepSpec):
         raw = source.model_dump(mode="json", exclude_none=True)
     elif isinstance(source, Mapping):
@@ -310,7 +318,7 @@ def plan_sweep(
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
     raw = check_relaunch(store, spec, raw, extend)
-    spec.check_at_time()
+    check_at_time(spec)
     grid = Grid(spec)
     total = grid_size(spec)
     slots, memory = trial_resources(address, cpus_per_trial, gpus_per_trial, device_memory)

@@ -27,10 +27,10 @@ A schedule (``train.lr_schedule``, :data:`SCHEDULES`) says
 
 Adding an optimizer or a schedule touches three files: its class here with its entry in
 :data:`OPTIMIZERS` or :data:`SCHEDULES`; its name in the literal of ``TrainConfig.optimizer``
-or ``TrainConfig.lr_schedule`` in :mod:`pipeline.spec`, beside any field of its own
-(tests/test_lr.py checks that the literals and the registries agree); and tests/test_lr.py,
-whose checks of η_k against the closed forms run over every registered schedule.
-``docs/reference/`` is regenerated from the spec, not edited.
+or ``TrainConfig.lr_schedule`` in :mod:`pipeline._run_config` (the spec's train section),
+beside any field of its own (tests/test_lr.py checks that the literals and the registries
+agree); and tests/test_lr.py, whose checks of η_k against the closed forms run over every
+registered schedule. ``docs/reference/`` is regenerated from the spec, not edited.
 
 The grid imports this module and must not load torch (the CLI starts without it), so the
 tensor math here is tensor methods only; the SGD sampler, which imports torch, is
@@ -127,7 +127,7 @@ class MinibatchSGD(Optimizer):
         return self.sampler(batch, k)
 
 
-#: ``train.optimizer`` -> its class (the literal in :mod:`pipeline.spec` lists the same names).
+#: ``train.optimizer`` -> its class (``TrainConfig.optimizer``'s literal lists the same names).
 OPTIMIZERS: dict[str, type[Optimizer]] = {"gd": Optimizer, "sgd": MinibatchSGD}
 
 
@@ -213,7 +213,7 @@ class NormAdaptive(Schedule):
         return self.lr.minimum(self.train.lr_c * norm.pow(2 - self.depth))
 
 
-#: ``train.lr_schedule`` -> its class (the literal in :mod:`pipeline.spec` lists the same names).
+#: ``train.lr_schedule`` -> its class (``TrainConfig.lr_schedule``'s literal lists the same names).
 SCHEDULES: dict[str, type[Schedule]] = {
     "constant": Schedule,
     "cosine": Cosine,
