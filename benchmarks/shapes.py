@@ -150,9 +150,9 @@ def numpy_train(config: RunConfig) -> float:
     What a researcher writes without a framework. Data, initial weights, multipliers and
     learning rate are phasesweep's for this point (bias-free nets only)."""
     from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+    from phasesweep.pipeline.grid import member_lr
     from phasesweep.pipeline.train._init import init_params
     from phasesweep.pipeline.train._models import EnsembleMLP
-    from phasesweep.pipeline.train._trainer import member_lr
 
     if config.model.bias or config.train.optimizer != "gd":
         raise ValueError("numpy baseline: bias-free nets and full-batch GD only")

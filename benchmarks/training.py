@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks, step_rows
+from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
+from phasesweep.pipeline.train._optim import step_rows
 
 # -- the grid -----------------------------------------------------------------------------
 
@@ -256,9 +257,9 @@ def plain_train(config: RunConfig, report=None) -> float:
     and passed to ``report(step, train_loss, test_loss)`` if given.
     """
     from phasesweep.pipeline.data._datasets import data_seed, make_dataset
+    from phasesweep.pipeline.grid import member_lr
     from phasesweep.pipeline.train._init import init_params
     from phasesweep.pipeline.train._models import EnsembleMLP
-    from phasesweep.pipeline.train._trainer import member_lr
     from phasesweep.storage.schema import log_steps
 
     ds = make_dataset(config.data, data_seed(config.data, config.train.seed))

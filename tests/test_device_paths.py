@@ -17,12 +17,9 @@ import torch
 from chunks import checkpoint_at, only_chunk, small_spec
 from host_reads import HostReads
 from phasesweep.pipeline.train import _device, _models
-from phasesweep.pipeline.train._trainer import (
-    ChunkTrainer,
-    LoopState,
-    metrics_block,
-    train_chunk,
-)
+from phasesweep.pipeline.train._metric_blocks import metrics_block
+from phasesweep.pipeline.train._state import LoopState
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
 
@@ -240,9 +237,9 @@ def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
     assert len(steps) + len(logged) == 81 and len(logged) >= 8
     assert all(calls == [] for calls in steps)
     for calls in logged:
-        copies = [c for c in calls if c[0] == "_trainer"]
-        assert copies == [("_trainer", "add", "cpu")]
-        assert {c[:2] for c in calls} - {("_trainer", "add")} <= {("_jacobi", "run")}
+        copies = [c for c in calls if c[0] == "_tables"]
+        assert copies == [("_tables", "add", "cpu")]
+        assert {c[:2] for c in calls} - {("_tables", "add")} <= {("_jacobi", "run")}
 
 
 def test_the_cpu_step_reads_nothing_on_the_host_either():
@@ -296,9 +293,9 @@ def test_metrics_take_one_block_on_an_accelerator_and_cache_blocks_on_the_cpu(mo
     cpu = metrics_block(dims, probe, itemsize, torch.device("cpu"))
     assert 1 <= cpu <= 256
     assert metrics_block(dims, probe, itemsize, torch.device("cpu"), accelerated=True) > 10**9
-    import phasesweep.pipeline.train._trainer as trainer_mod
+    import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
-    monkeypatch.setattr(trainer_mod, "free_device_bytes", lambda device: 80 << 30)
+    monkeypatch.setattr(blocks_mod, "free_device_bytes", lambda device: 80 << 30)
     # activations and sensitivities, kernels, three copies of θ, four of the largest
     # matrix the Jacobi rotations stream (the 64 × 64 kernel and hidden layer)
     per_member = itemsize * (2 * 64 * 129 + 4 * 64 * 64 + 3 * (640 + 4096 + 64) + 4 * 64 * 64)

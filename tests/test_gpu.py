@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from chunks import checkpoint_at, only_chunk, small_spec
-from phasesweep.pipeline.train._trainer import GRAPH_WARMUP, ChunkTrainer, train_chunk
+from phasesweep.pipeline.train._capture import GRAPH_WARMUP
+from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 from phasesweep.storage.schema import log_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed

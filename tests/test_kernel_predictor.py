@@ -155,7 +155,7 @@ def test_lin_distance_as_the_order_parameter_of_the_regimes():
 
 def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
     # the recorder of a large chunk works in blocks of members: each gets its own times
-    import phasesweep.pipeline.train._trainer as trainer_mod
+    import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
     spec = validate_spec(
         {
@@ -169,7 +169,7 @@ def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
     )
     (chunk,) = make_chunks(expand(spec), spec)
     whole = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
-    monkeypatch.setattr(trainer_mod, "METRICS_BLOCK_BYTES", 1)  # one member per block
+    monkeypatch.setattr(blocks_mod, "METRICS_BLOCK_BYTES", 1)  # one member per block
     blocked = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
     cols = ["lin_test_loss", "lin_distance", "probe_test_loss"]
     key = ["run_id", "step"]

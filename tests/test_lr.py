@@ -1,17 +1,26 @@
 """Learning-rate rules: the stored time is t = Σ η_k for every schedule, norm-adaptive η never
-exceeds η_max and equals min(η_max, c‖θ‖^(2−L)), and lr_scaling follows its formula."""
+exceeds η_max and equals min(η_max, c‖θ‖^(2−L)), and lr_scaling follows its formula.
+
+Each registered schedule (:data:`pipeline.train._optim.SCHEDULES`) is checked on its own
+too: its per-step η_k against the closed form written here, on both step clocks (a Python
+int, and a device tensor as a captured step reads it), and the final time the horizon
+reports against Σ_k η_k of the same object."""
 
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from phasesweep.pipeline.grid import expand, make_chunks
-from phasesweep.pipeline.spec import validate_spec
-from phasesweep.pipeline.train._trainer import member_lr, train_chunk
+from phasesweep.pipeline.grid import expand, make_chunks, member_lr
+from phasesweep.pipeline.grid._horizon import final_time
+from phasesweep.pipeline.spec import TrainConfig, validate_spec
+from phasesweep.pipeline.train._models import Params
+from phasesweep.pipeline.train._optim import OPTIMIZERS, SCHEDULES
+from phasesweep.pipeline.train._trainer import train_chunk
 
 torch.set_num_threads(1)
 
@@ -135,3 +144,56 @@ def test_lr_scaling_rule():
         assert member_lr(p.config) == pytest.approx(want, rel=1e-14)
         dt = np.diff(_per_run(traj, p.run_id, "time"))
         np.testing.assert_allclose(dt, want, rtol=1e-13)
+
+
+def test_the_spec_names_every_registered_optimizer_and_schedule():
+    fields = TrainConfig.model_fields
+    assert set(get_args(fields["optimizer"].annotation)) == set(OPTIMIZERS)
+    assert set(get_args(fields["lr_schedule"].annotation)) == set(SCHEDULES)
+
+
+#: η_k of every schedule, written out: (lr (E,), train, depth, ‖θ‖ (E,), k) -> (E,)
+CLOSED_FORMS = {
+    "constant": lambda lr, t, depth, norm, k: lr,
+    "cosine": lambda lr, t, depth, norm, k: (
+        lr * (t.lr_min_frac + (1 - t.lr_min_frac) * 0.5 * (1 + np.cos(np.pi * k / t.steps)))
+    ),
+    "norm_adaptive": lambda lr, t, depth, norm, k: np.minimum(lr, t.lr_c * norm ** (2 - depth)),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_a_schedules_eta_is_its_closed_form_and_sums_to_the_horizons_final_time(name):
+    assert set(CLOSED_FORMS) == set(SCHEDULES)  # a new schedule gets its closed form here
+    spec = validate_spec(
+        {
+            "name": "lr",
+            "model": {"depth": 3, "width": 4},
+            "data": {"kind": "teacher", "n_train": 8, "n_test": 4, "input_dim": 3},
+            "train": {"steps": 37, "lr_schedule": name, "lr_min_frac": 0.1, "lr_c": 0.4},
+            "grid": {"lr": [0.05, 0.3], "init_scale": [0.5, 2.0]},
+        }
+    )
+    points = expand(spec)
+    configs = [p.config for p in points]
+    train, depth = configs[0].train, 3
+    lr = np.array([member_lr(c) for c in configs])
+    schedule = SCHEDULES[name](torch.tensor(lr, dtype=torch.float64), train, depth)
+    # θ: one weight matrix of norm 0.5 · (member + 1) per member
+    norm = 0.5 * np.arange(1, len(configs) + 1)
+    weights = torch.tensor(norm, dtype=torch.float64).view(-1, 1, 1).expand(-1, 2, 2) / 2
+    params = Params([weights.contiguous()], None)
+    etas = []
+    for k in range(train.steps):
+        eta = schedule(k, params)
+        on_device = schedule(torch.tensor(k), params)  # the captured step's clock
+        torch.testing.assert_close(eta, on_device, rtol=0, atol=0)
+        want = CLOSED_FORMS[name](lr, train, depth, norm, k) * np.ones(len(configs))
+        np.testing.assert_allclose(eta.numpy() * np.ones(len(configs)), want, rtol=1e-14)
+        etas.append(want)
+    total = np.sum(etas, axis=0)
+    reach = np.array([final_time(c) for c in configs])
+    if name == "norm_adaptive":  # η_k ≤ η: the horizon bounds the time
+        assert (total <= reach * (1 + 1e-14)).all() and (total < reach).any()
+    else:
+        np.testing.assert_allclose(reach, total, rtol=1e-13)

@@ -235,7 +235,7 @@ def test_make_chunks_balanced_and_min_chunks():
 
 @pytest.mark.parametrize("kind", ["subspace", "symmetric"])
 def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, kind):
-    import phasesweep.pipeline.train._trainer as trainer_mod
+    import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
     data = {"kind": kind, "n_train": 16, "n_test": 20, "input_dim": 5}
     if kind == "subspace":
@@ -252,7 +252,7 @@ def test_metrics_in_member_blocks_equal_metrics_of_the_whole_chunk(monkeypatch, 
     )
     chunk = make_chunks(expand(spec), spec)[0]
     whole = train_chunk(chunk)
-    monkeypatch.setattr(trainer_mod, "METRICS_BLOCK", 4)  # 9 members: blocks of 3
+    monkeypatch.setattr(blocks_mod, "METRICS_BLOCK", 4)  # 9 members: blocks of 3
     blocked = train_chunk(chunk)
     for name, keys in (
         ("trajectories", ["run_id", "step"]),

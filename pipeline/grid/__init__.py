@@ -25,7 +25,6 @@ from phasesweep.pipeline.grid._cost import (
     flops_per_step,
     member_bytes,
     step_flops,
-    step_rows,
 )
 from phasesweep.pipeline.grid._grid import Grid, Point, expand, grid_size, iter_points
 from phasesweep.pipeline.grid._groups import (
@@ -62,6 +61,5 @@ __all__ = [
     "run_id_of",
     "shape_key",
     "step_flops",
-    "step_rows",
     "tagged",
 ]

@@ -1,12 +1,16 @@
 """The cost model of a grid point: its memory (:func:`member_bytes`,
 :func:`metrics_bytes`) and training FLOPs (:func:`flops_per_step`), and from them how many
-members one chunk holds (:func:`chunk_members`) on the CPU or on a GPU trial."""
+members one chunk holds (:func:`chunk_members`) on the CPU or on a GPU trial.
+
+The rows a step sees are its optimizer's (:func:`pipeline.train._optim.step_rows`, a
+torch-free fact of :mod:`pipeline.train._optim`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from phasesweep.pipeline.spec import ExecutionConfig, RunConfig
+from phasesweep.pipeline.train._optim import step_rows
 
 
 def member_bytes(config: RunConfig) -> int:
@@ -20,12 +24,6 @@ def member_bytes(config: RunConfig) -> int:
     data = n_rows * (d.input_dim + d.output_dim)
     itemsize = 8 if config.train.dtype == "float64" else 4
     return itemsize * (4 * n_params + activations + data)
-
-
-def step_rows(config: RunConfig) -> int:
-    """Samples one training step sees: the minibatch for SGD, the training set for GD."""
-    t = config.train
-    return t.batch_size if t.optimizer == "sgd" else config.data.n_train
 
 
 def flops_per_step(config: RunConfig) -> float:
@@ -102,7 +100,7 @@ def chunk_members(
 def metrics_bytes(config: RunConfig) -> int:
     """Rough working set of one member's metrics at a logged step in bytes: the probe
     activations and sensitivities (probe × Σ widths, twice), a few probe × probe kernels
-    and three copies of θ (see :func:`pipeline.train._trainer.metrics_block`)."""
+    and three copies of θ (see :func:`pipeline.train._metric_blocks.metrics_block`)."""
     m, d = config.model, config.data
     dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))

@@ -13,14 +13,17 @@ import json
 
 from phasesweep.pipeline.grid._run_ids import SECTIONS
 from phasesweep.pipeline.spec import RunConfig
+from phasesweep.pipeline.train import _optim
 from pydantic import BaseModel
 
-#: Fields that may differ between members of one chunk (one vectorized ensemble).
+#: Fields that may differ between members of one chunk (one vectorized ensemble); those
+#: an optimizer or a schedule reads per member are theirs (``_optim.MEMBER_FIELDS``:
+#: ``train.lr``).
 MEMBER_FIELDS: tuple[tuple[str, str], ...] = (
     ("model", "init_scale"),
     ("model", "layer_scales"),
     ("model", "leaky_slope"),
-    ("train", "lr"),
+    *_optim.MEMBER_FIELDS,
     ("train", "seed"),
     ("data", "seed"),
     ("data", "noise_sigma"),

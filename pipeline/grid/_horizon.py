@@ -2,16 +2,14 @@
 that ``analysis.at_time`` lies within the grid's reach.
 
 A run's clock is ``t = Σ_{k<steps} η_k`` (:mod:`pipeline.train._trainer`). With the scaled
-learning rate η = :func:`~pipeline.grid._lr.member_lr` the final time is
-
-- ``constant``: ``steps · η``;
-- ``cosine`` (η_k = η (m + (1 − m) (1 + cos(πk/steps)) / 2), m = ``lr_min_frac``):
-  ``η (steps · m + (1 − m) (steps + 1) / 2)``, since Σ_{k<N} cos(πk/N) = 1;
-- ``norm_adaptive`` (η_k = min(η, c ‖θ‖^(2−L)) ≤ η): at most ``steps · η``.
+learning rate η = :func:`~pipeline.grid._lr.member_lr`, the final time is the closed form
+of the run's schedule (:meth:`pipeline.train._optim.Schedule.final_time`: ``steps · η``
+for ``constant``, an upper bound where η_k depends on θ).
 
 A run that diverges stops earlier, so these are upper bounds for it. The largest final
 time over a grid is found without expanding it: it is monotone in each axis that sets it
-(steps, lr, init scale, width, depth, the lr-scaling rule, the cosine floor), so it is
+(steps, lr, init scale, width, depth, the lr-scaling rule, the schedule's own fields such
+as the cosine floor), so it is
 largest at a corner of the grid, one extreme value per numeric axis (every value of a
 categorical one, the schedule), a few hundred configs at most for a grid of any size.
 """
@@ -27,15 +25,16 @@ from phasesweep.analysis.config import REACH_RTOL, reached_time
 from phasesweep.pipeline._axes import axis_path, axis_size
 from phasesweep.pipeline.grid._lr import member_lr
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec
+from phasesweep.pipeline.train import _optim
 from pydantic import BaseModel, ValidationError
 
 #: Config fields a run's final gradient-flow time depends on (``train.lr_scaling`` and
-#: every field below it count too).
+#: every field below it count too; a schedule's own fields are its ``time_fields``).
 TIME_FIELDS = (
     "train.steps",
     "train.lr",
     "train.lr_schedule",
-    "train.lr_min_frac",
+    *_optim.TIME_FIELDS,
     "train.lr_scaling",
     "model.init_scale",
     "model.width",
@@ -44,18 +43,14 @@ TIME_FIELDS = (
 
 
 def final_time(config: RunConfig) -> float:
-    """The gradient-flow time a run of ``config`` reaches at its last step (exact for the
-    constant and cosine schedules, an upper bound for ``norm_adaptive``); ``inf`` where
-    the scaled learning rate overflows."""
-    t = config.train
+    """The gradient-flow time a run of ``config`` reaches at its last step (its schedule's
+    closed form: exact, or an upper bound where η depends on θ); ``inf`` where the scaled
+    learning rate overflows."""
     try:
         lr = member_lr(config)
     except (OverflowError, ZeroDivisionError):
         return math.inf
-    if t.lr_schedule == "cosine":
-        m = t.lr_min_frac
-        return lr * (t.steps * m + (1 - m) * (t.steps + 1) / 2)
-    return lr * t.steps
+    return _optim.final_time(lr, config.train)
 
 
 def _corner_values(axis: str, spec_value: Any) -> list[Any]:
