@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 BIN = Path(sys.executable).parent
-TESTS = Path(__file__).resolve().parents[1] / "tests"
+ROOT = Path(__file__).resolve().parents[1]
 SWEEP = "scale"
 GIB = 2**30
 
@@ -97,9 +97,10 @@ def build_store(n_runs: int, workdir: Path, **options: Any) -> tuple[Path, int, 
     """The store of the scale sweep with ``n_runs`` runs under ``workdir``, built unless a
     complete one is there: ``(root, runs, build seconds or None when reused)``.
     ``options``: those of ``scale_sweep_chunks`` of tests/calibration.py."""
-    sys.path.insert(0, str(TESTS))  # the synthetic sweeps are test data, not the package's
-    from calibration import scale_sweep_size, write_scale_sweep
+    sys.path.insert(0, str(ROOT))  # the synthetic sweeps are test data, not the package's
     from phasesweep.storage import Store
+
+    from tests.calibration import scale_sweep_size, write_scale_sweep
 
     runs = scale_sweep_size(n_runs)[1]
     key = "-".join([str(runs), *(f"{k}{v}" for k, v in sorted(options.items()))])
