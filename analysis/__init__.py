@@ -15,8 +15,9 @@ The narrow public surface (the CLI calls these):
 Public modules: :mod:`analysis.config` (the spec's ``analysis`` and ``plots`` sections)
 and :mod:`analysis.figures` (the figure registry). The ``_`` modules are private details.
 The pure cores live in :mod:`analysis._escape`, :mod:`analysis._plateaus`,
-:mod:`analysis._regimes`, :mod:`analysis._scaling`, the figure kinds in :mod:`analysis.figures`;
-:mod:`analysis._calibration` has closed-form loss curves with known answers.
+:mod:`analysis._regimes`, :mod:`analysis._scaling`, the figure kinds in :mod:`analysis.figures`.
+Loss curves with known answers, which calibrate them, live with the tests
+(``tests/calibration.py``).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from phasesweep.analysis import _series as ser
 from phasesweep.analysis._escape import escape_times
 from phasesweep.analysis._plateaus import plateau_frame
-from phasesweep.analysis._regimes import classify
+from phasesweep.analysis._regimes import ORDER_PARAMETERS, classify
 from phasesweep.analysis._scaling import fit_scaling
 from phasesweep.analysis.config import (
     REACH_RTOL,
@@ -46,6 +46,7 @@ from phasesweep.analysis.config import (
     stored_sweep,
 )
 from phasesweep.storage.schema import (
+    COLUMNS,
     ESCAPE_COLUMNS,
     ESCAPE_EPS,
     FIT_GROUP_COLUMNS,
@@ -73,16 +74,10 @@ RUN_COLUMNS = [
     "initial_train_loss",
     "final_train_loss",
 ]
-TRAJECTORY_COLUMNS = [
-    "train_loss",
-    "test_loss",
-    "param_rel_change",
-    "kernel_distance",
-    "act_flip_frac",
-    "transversal_grad_sq",
-    "lin_test_loss",
-    "lin_distance",
-]
+#: ``summaries`` column -> the ``trajectories`` column whose last finite value it holds.
+FINAL_COLUMNS = {c.name: c.final_of for c in COLUMNS["summaries"] if c.final_of}
+#: The ``trajectories`` columns analyze reads, in the table's order.
+TRAJECTORY_COLUMNS = [c.name for c in COLUMNS["trajectories"] if c.name in FINAL_COLUMNS.values()]
 
 
 def fit_group_axes(runs: pd.DataFrame, spec: StoredSweep | None) -> list[str]:
@@ -154,11 +149,10 @@ def compute_summaries(
     out = pd.DataFrame(
         {
             "run_id": run_ids,
+            **{column: finals[of] for column, of in FINAL_COLUMNS.items()},
             "regime": reg.regime,
             "escape_time": esc[:, 0],
             "n_plateaus": pd.array(np.where(counts >= 0, counts, 0), dtype="Int64"),
-            "final_param_rel_change": finals["param_rel_change"],
-            "final_kernel_distance": finals["kernel_distance"],
             "order_parameter": reg.order_parameter,
             "order_value": reg.order_value,
             "lazy_threshold": reg.threshold,
@@ -166,16 +160,11 @@ def compute_summaries(
             "final_train_loss": lend,
             "loss_ratio": ratio,
             "final_time": ser.last_time_finite(s, "train_loss"),
-            "final_test_loss": finals["test_loss"],
-            "final_act_flip_frac": finals["act_flip_frac"],
-            "final_transversal_grad_sq": finals["transversal_grad_sq"],
             "escape_eps": cfg.escape_eps,
             "eval_time": at["time"],
             "eval_loss_ratio": eval_ratio,
             "eval_param_rel_change": at["param_rel_change"],
             "eval_kernel_distance": at["kernel_distance"],
-            "final_lin_test_loss": finals["lin_test_loss"],
-            "final_lin_distance": finals["lin_distance"],
         }
     )
     out.loc[counts < 0, "n_plateaus"] = pd.NA
@@ -193,7 +182,7 @@ def evaluated(
     """The values the regime rule reads, per run: at ``at_time`` (``analysis.at_time``:
     :func:`series.value_at`, NaN for a run that stopped before it), else the last finite
     ones (``finals``). ``time``: the time they belong to."""
-    cols = ("train_loss", "kernel_distance", "param_rel_change", "lin_distance")
+    cols = ("train_loss", *ORDER_PARAMETERS)
     if at_time is None:
         out = {c: finals[c] for c in cols}
         out["time"] = ser.last_time_finite(s, "train_loss")

@@ -8,20 +8,15 @@ from __future__ import annotations
 
 from phasesweep.storage import sql_condition
 from phasesweep.storage._catalog import sql_string
+from phasesweep.storage.schema import COLUMNS
 
-#: Phase-diagram values: name -> column of ``summaries`` (final values per run).
-VALUES: dict[str, str] = {
-    "kernel_distance": "final_kernel_distance",
-    "param_rel_change": "final_param_rel_change",
-    "order_value": "order_value",
-    "escape_time": "escape_time",
-    "n_plateaus": "n_plateaus",
-    "act_flip_frac": "final_act_flip_frac",
-    "transversal_grad_sq": "final_transversal_grad_sq",
-    "test_loss": "final_test_loss",
-    "train_loss": "final_train_loss",
-    "loss_ratio": "loss_ratio",
-}
+#: The ``summaries`` columns a phase diagram can show (``Column.phase``).
+_VALUE_COLUMNS = [c for c in COLUMNS["summaries"] if c.phase]
+#: Phase-diagram values: name -> column of ``summaries`` (final values per run); a final
+#: value is named as the ``trajectories`` column it is the final value of.
+VALUES: dict[str, str] = {c.final_of or c.name: c.name for c in _VALUE_COLUMNS}
+#: Values that are 0 for a run that did not move: their linear colour scale starts at 0.
+FROM_ZERO: frozenset[str] = frozenset(c.final_of or c.name for c in _VALUE_COLUMNS if c.from_zero)
 
 #: ``runs`` columns that can be axes (or facets) of a phase diagram.
 AXES = (

@@ -62,10 +62,13 @@ scaling fits therefore select runs by whether they left a plateau, not by regime
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
+from phasesweep.analysis.config import OrderParameter
 
-ORDER_PARAMETERS = ("kernel_distance", "param_rel_change", "lin_distance")
+#: The ``trajectories`` columns the regime rule can read (``analysis.order_parameter``).
+ORDER_PARAMETERS: tuple[str, ...] = get_args(OrderParameter)
 
 
 @dataclass(frozen=True)

@@ -19,30 +19,15 @@ if not os.environ.get("MPLBACKEND"):
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from phasesweep.storage.schema import COLUMNS  # noqa: E402
 
-#: Axis labels, with what the quantity is and its unit (most are dimensionless ratios).
+#: Axis labels, with what the quantity is and its unit (most are dimensionless ratios): the
+#: ``label`` of the store columns that figures show (``storage.schema.Column``).
 LABELS: dict[str, str] = {
-    "init_scale": "init scale α  (× the parameterization's init std)",
-    "width": "width  (hidden units per layer)",
-    "depth": "depth  (weight matrices)",
-    "noise_sigma": "noise σ  (std in the codimension)",
-    "lr": "learning rate η",
-    "seed": "seed",
-    "activation": "activation",
-    "n_train": "training points n",
-    "leaky_slope": "leaky-ReLU slope",
-    "time": "gradient-flow time t = Σ η",
-    "escape_time": "escape time t_esc  (gradient-flow time)",
-    "train_loss": "train loss  ½·mean ‖f(x) − y‖²",
-    "kernel_distance": "kernel distance 1 − cos(K_T, K_0)",
-    "param_rel_change": "relative parameter change ‖θ_T − θ_0‖ / ‖θ_0‖",
-    "order_value": "order parameter (final)",
-    "act_flip_frac": "fraction of flipped activations",
-    "transversal_grad_sq": "transversal variation  mean ‖P⊥ ∇ₓf‖²",
-    "n_plateaus": "plateaus per run",
-    "test_loss": "test loss (final)",
-    "train_loss_final": "train loss (final)",
-    "loss_ratio": "final / initial train loss",
+    c.name: c.label
+    for table in ("runs", "trajectories", "summaries")
+    for c in COLUMNS[table]
+    if c.label
 }
 
 #: Axes drawn on a log scale when their values are all positive.

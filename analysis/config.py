@@ -50,10 +50,14 @@ def reached_time(t: float) -> str:
     return f"{math.floor(t * scale) / scale:.6g}"
 
 
+#: The ``trajectories`` columns whose value decides lazy vs rich (``analysis._regimes``).
+OrderParameter = Literal["kernel_distance", "param_rel_change", "lin_distance"]
+
+
 class AnalysisConfig(Section):
     """Thresholds of ``phasesweep analyze`` (see the ``analysis`` package for the definitions)."""
 
-    order_parameter: Literal["kernel_distance", "param_rel_change", "lin_distance"] = Field(
+    order_parameter: OrderParameter = Field(
         "kernel_distance",
         description="Final value of this trajectories column decides lazy vs rich.",
     )

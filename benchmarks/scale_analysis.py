@@ -2,7 +2,7 @@
 
 Time and peak memory of ``phasesweep analyze``, ``plot``, ``report``, ``status`` and
 ``query`` (``SELECT count(*)`` and the README's example queries) on a synthetic sweep of
-10⁵ and 10⁶ runs (:func:`analysis._calibration.scale_sweep_chunks`: closed-form loss
+10⁵ and 10⁶ runs (``scale_sweep_chunks`` of tests/calibration.py: closed-form loss
 curves with every default metric, log-spaced logged steps, layers with singular values,
 one file per table and 1024 runs, as a launch writes them). Each command runs as the
 user runs it, in a process of its own; its peak RSS is that process's own
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
 SWEEP = "scale"
 GIB = 2**30
 
@@ -95,9 +96,11 @@ def _tree_rss(proc) -> int:
 def build_store(n_runs: int, workdir: Path, **options: Any) -> tuple[Path, int, float | None]:
     """The store of the scale sweep with ``n_runs`` runs under ``workdir``, built unless a
     complete one is there: ``(root, runs, build seconds or None when reused)``.
-    ``options``: those of :func:`analysis._calibration.scale_sweep_chunks`."""
-    from phasesweep.analysis._calibration import scale_sweep_size, write_scale_sweep
+    ``options``: those of ``scale_sweep_chunks`` of tests/calibration.py."""
+    sys.path.insert(0, str(ROOT))  # the synthetic sweeps are test data, not the package's
     from phasesweep.storage import Store
+
+    from tests.calibration import scale_sweep_size, write_scale_sweep
 
     runs = scale_sweep_size(n_runs)[1]
     key = "-".join([str(runs), *(f"{k}{v}" for k, v in sorted(options.items()))])

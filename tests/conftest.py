@@ -3,7 +3,7 @@
 ``tiny_spec`` writes the smallest sweep that runs the whole pipeline and ``phasesweep_cli``
 starts the CLI in a process of its own; ``shared_ray`` is the ``--address`` of one local
 Ray that the session's launches in such processes share; ``synthetic_store`` fills a store
-with a sweep whose curves are closed forms (:func:`analysis._calibration.synthetic_sweep`).
+with a sweep whose curves are closed forms (:func:`calibration.synthetic_sweep`).
 
 Tiers (pyproject.toml lists the markers): ``slow`` marks the scientific reproductions,
 ``heavy`` tests with tens of seconds of work (every figure of a store, reports,
@@ -32,7 +32,7 @@ import phasesweep.pipeline.train._trainer as trainer_mod
 import pyarrow as pa
 import pytest
 import yaml
-from phasesweep.analysis._calibration import synthetic_sweep
+from calibration import synthetic_sweep
 from phasesweep.pipeline.run import _standing
 from phasesweep.pipeline.run._ray import STANDING
 from phasesweep.pipeline.train._models import Params
@@ -206,7 +206,7 @@ def phasesweep_cli() -> Callable[..., subprocess.Popen]:
 def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
     """Factory: ``make(sweep, grid, description=None, **kwargs)`` -> (store, spec text).
 
-    A new store holding one chunk of :func:`~analysis._calibration.synthetic_sweep` over
+    A new store holding one chunk of :func:`~calibration.synthetic_sweep` over
     ``grid`` (``init_scale``, ``width``, ``depth``, ``seed`` and optionally
     ``noise_sigma``), 10⁶ steps, where the points with init scale ≥ 3 and width ≥ 256
     diverge; ``kwargs`` go to ``synthetic_sweep``. The spec (name, description, grid) is

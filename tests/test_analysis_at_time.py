@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from calibration import lazy_loss, logged_times
 from phasesweep.analysis import _series as ser
 from phasesweep.analysis._analyze import analyze_frames
-from phasesweep.analysis._calibration import lazy_loss, logged_times
 from phasesweep.pipeline.spec import AnalysisConfig, SpecError, validate_spec
 
 U = np.finfo(np.float64).eps / 2

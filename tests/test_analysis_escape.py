@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from calibration import logged_times, logistic_mode, two_layer_escape_time
 from phasesweep.analysis import _series as ser
-from phasesweep.analysis._calibration import logged_times, logistic_mode, two_layer_escape_time
 from phasesweep.analysis._escape import escape_time, escape_times
 
 

@@ -8,8 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from phasesweep.analysis import _series as ser
-from phasesweep.analysis._calibration import (
+from calibration import (
     deep_linear_loss,
     lazy_loss,
     logged_times,
@@ -17,6 +16,7 @@ from phasesweep.analysis._calibration import (
     two_layer_linear_loss,
     xor_relu_loss,
 )
+from phasesweep.analysis import _series as ser
 from phasesweep.analysis._plateaus import detect_plateaus, plateau_frame
 
 S3 = (4.0, 1.0, 0.25)  # well-separated target singular values

@@ -242,7 +242,7 @@ def test_batched_analysis_equals_the_whole_sweep(tmp_path):
     """The closed-form sweep (failed, diverged and not converged runs among them), stored
     as chunks of uneven sizes, analyzed in batches of 1, 7 and all runs."""
     import yaml
-    from phasesweep.analysis._calibration import synthetic_sweep
+    from calibration import synthetic_sweep
 
     alphas = tuple(np.logspace(-4, 0, 9))
     tables = synthetic_sweep(
@@ -300,7 +300,7 @@ def test_batched_analysis_of_a_trained_sweep(tmp_path):
 
 
 def test_batched_analysis_of_a_scale_sweep(tmp_path):
-    from phasesweep.analysis._calibration import write_scale_sweep
+    from calibration import write_scale_sweep
 
     store = Store.open(str(tmp_path))
     n = write_scale_sweep(store, "scale", 1, runs_per_file=40, steps=400, log_points=40)
@@ -316,7 +316,7 @@ def _curves(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
     """Loss curves of every kind the detector meets: closed forms with 0-3 plateaus, noisy
     ones, a lazy one, and the edge cases (short, unsorted with repeated and missing times,
     non-positive or non-finite losses)."""
-    from phasesweep.analysis._calibration import (
+    from calibration import (
         lazy_loss,
         logged_times,
         two_layer_linear_loss,
@@ -462,7 +462,7 @@ def _peak_mib(store: Store, what: str, out) -> float:
 @pytest.fixture(scope="module")
 def scale_stores(tmp_path_factory) -> dict[int, Store]:
     """Scale sweeps of SMALL_RUNS and LARGE_RUNS runs, 30 logged steps each."""
-    from phasesweep.analysis._calibration import write_scale_sweep
+    from calibration import write_scale_sweep
 
     stores = {}
     for n in (SMALL_RUNS, LARGE_RUNS):
@@ -504,8 +504,8 @@ def test_figures_memory_does_not_grow_with_the_runs(scale_stores, tmp_path, what
 @pytest.fixture(scope="module")
 def figure_store(tmp_path_factory) -> Store:
     """An analyzed scale sweep of 4 seeds (512 runs) in files of 64 runs."""
+    from calibration import write_scale_sweep
     from phasesweep.analysis import analyze
-    from phasesweep.analysis._calibration import write_scale_sweep
 
     store = Store.open(str(tmp_path_factory.mktemp("figures")))
     write_scale_sweep(store, "scale", 512, runs_per_file=64, steps=400, log_points=30)
@@ -673,7 +673,7 @@ def test_scale_benchmark_at_toy_size(tmp_path):
 
 
 def test_any_value_from_the_footers_equals_the_view(figure_store, tmp_path):
-    from phasesweep.analysis._calibration import write_scale_sweep
+    from calibration import write_scale_sweep
 
     assert _context(figure_store).any_value("layers", "top_sv")
     assert _context(figure_store, with_store=False).any_value("layers", "top_sv")

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from calibration import deep_linear_loss, logged_times, two_layer_escape_time
 from phasesweep.analysis import _series as ser
-from phasesweep.analysis._calibration import deep_linear_loss, logged_times, two_layer_escape_time
 from phasesweep.analysis._escape import escape_times
 from phasesweep.analysis._scaling import fit_group, fit_scaling, theory
 from scipy import stats

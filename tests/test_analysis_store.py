@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import yaml
+from calibration import logged_times, synthetic_sweep, two_layer_escape_time
 from phasesweep.analysis import analyze, phase_diagram_sql
 from phasesweep.analysis._analyze import analyze_frames
-from phasesweep.analysis._calibration import logged_times, synthetic_sweep, two_layer_escape_time
 from phasesweep.storage import Store, open_catalog
 from phasesweep.storage.schema import PLATEAUS, SCALING_FITS, SUMMARIES
 

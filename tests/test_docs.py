@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from phasesweep.analysis._calibration import synthetic_sweep
+from calibration import synthetic_sweep
 from phasesweep.pipeline.spec import PlotSpec, SweepSpec
 from phasesweep.storage import Store, run_query
 from phasesweep.storage.schema import COLUMN_DOCS, TABLE_DOCS

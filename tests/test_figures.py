@@ -1,6 +1,6 @@
 """Figures as a registry, and figures that never abort and never mislead.
 
-On the synthetic store (closed-form curves, :mod:`analysis._calibration`): a figure
+On the synthetic store (closed-form curves, tests/calibration.py): a figure
 that fails is skipped with a warning and the rest is written; legends list only
 what is drawn; wide-ranging values get log colour scales; spread on log axes stays
 positive; ``draw`` fills a caller's ``Axes``; output never goes through a symlink.

@@ -8,8 +8,8 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from calibration import synthetic_sweep
 from phasesweep.analysis import analyze, figures, phase_diagram_sql, plot
-from phasesweep.analysis._calibration import synthetic_sweep
 from phasesweep.analysis._plotting import context, default_plots, render_all, swept_axes
 from phasesweep.analysis._style import fmt, save
 from phasesweep.analysis.config import PlotSpec, StoredSweep

@@ -67,11 +67,11 @@ def _block(heading: str, language: str) -> str:
 def quickstart_left(tmp_path):
     """A folder as ``bash scripts/quickstart`` leaves it: ``sweeps/`` and ``results/``
     holding sweeps/quickstart.yaml as launched (its spec, every point a completed run).
-    The runs' curves are closed forms (:func:`analysis._calibration.synthetic_sweep`)
+    The runs' curves are closed forms (:func:`calibration.synthetic_sweep`, tests/calibration.py)
     filed under the quickstart's own run ids, so nothing trains."""
     import numpy as np
     import pyarrow as pa
-    from phasesweep.analysis._calibration import synthetic_sweep
+    from calibration import synthetic_sweep
     from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import load_spec_and_raw
     from phasesweep.storage import Store

@@ -233,7 +233,7 @@ def prov_store(tmp_path_factory):
     from datetime import datetime, timedelta, timezone
 
     import pyarrow as pa
-    from phasesweep.analysis._calibration import synthetic_sweep
+    from calibration import synthetic_sweep
     from phasesweep.storage import Store
 
     st = Store.open(str(tmp_path_factory.mktemp("prov")))

@@ -14,8 +14,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
+from calibration import logged_times, synthetic_sweep
 from conftest import TINY_SPEC
-from phasesweep.analysis._calibration import logged_times, synthetic_sweep
 from phasesweep.pipeline.grid import expand, flops_per_step, make_chunks, member_lr
 from phasesweep.pipeline.run._driver import failed_runs_table
 from phasesweep.pipeline.spec import SpecError, validate_spec

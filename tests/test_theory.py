@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.analysis._calibration import two_layer_escape_time
+from calibration import two_layer_escape_time
 from phasesweep.pipeline.data._datasets import DataBatch
 from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec

@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from phasesweep.analysis import _style as style
 from phasesweep.analysis._boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
-from phasesweep.analysis._phase import VALUES, phase_diagram_sql
+from phasesweep.analysis._phase import FROM_ZERO, VALUES, phase_diagram_sql
 from phasesweep.analysis._style import fmt, label, short_label
 from phasesweep.analysis.config import PlotSpec
 from phasesweep.analysis.figures._kind import (
@@ -38,9 +38,6 @@ from phasesweep.analysis.figures._kind import (
 )
 
 from phasesweep._config import SpecError
-
-#: values that are 0 for a run that did not move: their linear scale starts at 0.
-_FROM_ZERO = ("kernel_distance", "param_rel_change", "act_flip_frac", "order_value")
 
 
 def phase_diagram_figure(
@@ -82,7 +79,7 @@ def phase_diagram_figure(
     else:
         vmin = float(finite.min()) if len(finite) else 0.0
         vmax = float(finite.max()) if len(finite) else 1.0
-        if value in _FROM_ZERO:
+        if value in FROM_ZERO:
             vmin = min(vmin, 0.0)
         if vmax <= vmin:
             vmax = vmin + 1.0

@@ -1,8 +1,11 @@
 """Loss curves with known answers, from closed forms (independent of the trainer).
 
-They calibrate the detectors of this package (tests, benchmarks) and build
-synthetic sweeps. Conventions are phasesweep's: loss ``1/(2n) Σ ||f(x) - y||²``,
-gradient-flow time ``t``.
+They calibrate the detectors of ``analysis`` (tests, benchmarks/scale_analysis.py) and
+build synthetic sweeps: stores whose curves are closed forms, with ``runs`` rows from the
+pipeline's own row assembler (``pipeline/train/_runs.py``) over validated ``RunConfig``s,
+as a launch writes them. Conventions are phasesweep's: loss ``1/(2n) Σ ||f(x) - y||²``,
+gradient-flow time ``t``. Imported as ``calibration`` (tests/ is on the tests' path; the
+benchmark puts it there).
 
 - Whitened two-layer linear net, small balanced init: in the singular basis of
   the input-output correlation Σ_yx (singular values ``s_i``) every mode's
@@ -26,16 +29,19 @@ gradient-flow time ``t``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from datetime import datetime, timezone
 
 import numpy as np
-from phasesweep.storage.schema import log_steps
+import pyarrow as pa
+import yaml
+from phasesweep.pipeline import Point, RunConfig, validate_spec
+from phasesweep.pipeline.grid import iter_points
+from phasesweep.pipeline.train._runs import runs_table
+from phasesweep.storage import Store
+from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, log_steps, to_table
 from scipy import integrate
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    from phasesweep.storage import Store
 
 
 def logged_times(lr: float, steps: int, log_points: int = 100) -> np.ndarray:
@@ -152,29 +158,13 @@ def synthetic_sweep(
     steps with an infinite last loss); ``fail_first`` makes the first run failed.
     The tables have the store's schemas (``storage.schema``), for ``Store.write_chunk``.
     """
-    import json
-
-    from phasesweep.storage.schema import to_table
-
     t = logged_times(lr, steps, log_points)
     step = np.round(t / lr).astype(np.int64)
-    runs: dict[str, list] = {
+    points: list[Point] = []
+    outcome: dict[str, list] = {
         k: []
         for k in (
-            "run_id",
             "status",
-            "init_scale",
-            "width",
-            "depth",
-            "noise_sigma",
-            "lr",
-            "seed",
-            "activation",
-            "bias",
-            "parameterization",
-            "data_kind",
-            "steps",
-            "config",
             "final_train_loss",
             "initial_train_loss",
             "final_step",
@@ -222,32 +212,35 @@ def synthetic_sweep(
                             loss = loss.copy()
                             loss[n - 1] = np.inf
                         status = "failed" if failed else "diverged" if diverged else "completed"
-                        cfg = {
-                            "model": {"depth": depth, "width": width, "init_scale": alpha},
-                            "train": {"lr": lr, "seed": seed},
-                        }
+                        config = RunConfig.model_validate(
+                            {
+                                "model": {
+                                    "depth": depth,
+                                    "width": width,
+                                    "init_scale": float(alpha),
+                                    "activation": "linear",
+                                    "bias": False,
+                                    "parameterization": "standard",
+                                },
+                                "data": {"kind": "teacher", "noise_sigma": float(sigma)},
+                                "train": {
+                                    "lr": lr,
+                                    "seed": int(seed),
+                                    "steps": steps,
+                                    "log_points": log_points,
+                                },
+                            }
+                        )
+                        points.append(Point(rid, config, {}))
                         for key, v in (
-                            ("run_id", rid),
                             ("status", status),
-                            ("init_scale", float(alpha)),
-                            ("width", int(width)),
-                            ("depth", int(depth)),
-                            ("noise_sigma", float(sigma)),
-                            ("lr", lr),
-                            ("seed", int(seed)),
-                            ("activation", "linear"),
-                            ("bias", False),
-                            ("parameterization", "standard"),
-                            ("data_kind", "teacher"),
-                            ("steps", steps),
-                            ("config", json.dumps(cfg)),
                             ("final_train_loss", None if failed else float(loss[n - 1])),
                             ("initial_train_loss", None if failed else float(loss[0])),
                             ("final_step", None if failed else int(step[n - 1])),
                             ("final_time", None if failed else float(t[n - 1])),
                             ("error", "synthetic failure" if failed else None),
                         ):
-                            runs[key].append(v)
+                            outcome[key].append(v)
                         if failed:
                             continue
                         traj["run_id"] += [rid] * n
@@ -275,8 +268,12 @@ def synthetic_sweep(
                             layers["delta_top_sv"] += [
                                 [float(a), float(a) * 1e-3, float(a) * 1e-4] for a in lead
                             ]
+    runs = runs_table(points, "unassigned", None, outcome)
+    # the tables may be split into chunks: Store.write_chunk sets chunk_id where it is NULL
+    column = runs.schema.get_field_index("chunk_id")
+    runs = runs.set_column(column, "chunk_id", pa.nulls(len(runs), pa.string()))
     return {
-        "runs": to_table("runs", runs),
+        "runs": runs,
         "trajectories": to_table("trajectories", traj),
         "layers": to_table("layers", layers),
     }
@@ -299,18 +296,6 @@ SCALE_FAIL_EVERY = 9973
 SCALE_SPECTRA_EVERY = 10
 #: singular values per list (``metrics.top_k``), and their init bulk relative to α.
 SCALE_BULK = (1.0, 0.8, 0.6, 0.5, 0.4)
-
-_SCALE_CONFIG = (
-    '{{"model":{{"depth":{depth},"width":{width},"activation":"linear","leaky_slope":0.01,'
-    '"bias":false,"parameterization":"standard","init_scale":{alpha!r},"init":"normal",'
-    '"init_norm":"fan_in","layer_scales":null}},"data":{{"kind":"teacher","n_train":64,'
-    '"n_test":256,"input_dim":10,"output_dim":1,"noise_sigma":0.0,"teacher_width":4,'
-    '"whiten":true,"label_noise":0.0,"layout":"random","seed":null}},"train":{{'
-    '"optimizer":"gd","batch_size":null,"lr":{lr!r},"lr_schedule":"constant",'
-    '"steps":{steps},"log_points":{log_points},"seed":{seed},"divergence_factor":1000000.0,'
-    '"dtype":"float64","allow_tf32":false}},"metrics":{{"probe_size":32,"ntk":true,'
-    '"top_k":5,"transversal":true,"spectra":true,"linearized":true,"spectra_budget":0.1}}}}'
-)
 
 
 def scale_sweep_size(n_runs: int) -> tuple[int, int]:
@@ -364,19 +349,22 @@ def scale_sweep_chunks(
     where the trainer leaves them NULL on teacher data. The largest α diverges at width
     1024 (half-way; its last loss is infinite); every :data:`SCALE_FAIL_EVERY`-th run failed
     (no trajectory). ``layers`` has top singular values at every
-    :data:`SCALE_SPECTRA_EVERY`-th logged step and NULL at the others. Run ids are 16 hex
-    digits of a sha256, as real ones.
+    :data:`SCALE_SPECTRA_EVERY`-th logged step and NULL at the others. The points, their
+    run ids and configs are those of the grid of :func:`scale_sweep_spec` (as a launch of
+    it expands them), and their ``runs`` rows come from ``pipeline.train._runs``.
     """
     seeds, _ = scale_sweep_size(n_runs)
+    spec = validate_spec(yaml.safe_load(scale_sweep_spec(sweep, n_runs, steps, log_points)))
+    points = iter_points(spec)  # in grid order: depth, width, init scale, seed (fastest)
     block = len(SCALE_INIT_SCALES) * seeds  # runs of one (depth, width)
     shapes = [(d, w) for d in SCALE_DEPTHS for w in SCALE_WIDTHS]
     for b, (depth, width) in enumerate(shapes):
         for lo in range(0, block, runs_per_file):
             local = np.arange(lo, min(lo + runs_per_file, block))
-            tables = _scale_chunk(
-                sweep, b * block + local, local, seeds, depth, width, steps, log_points
-            )
-            yield f"d{depth}-w{width}-{lo // runs_per_file:05d}", tables
+            chunk_id = f"d{depth}-w{width}-{lo // runs_per_file:05d}"
+            chunk = list(itertools.islice(points, len(local)))
+            largest = local // seeds == len(SCALE_INIT_SCALES) - 1  # the largest α
+            yield chunk_id, _scale_chunk(chunk_id, chunk, b * block + local, largest)
 
 
 def write_scale_sweep(store: Store, sweep: str, n_runs: int, **options) -> int:
@@ -392,31 +380,21 @@ def write_scale_sweep(store: Store, sweep: str, n_runs: int, **options) -> int:
 
 
 def _scale_chunk(
-    sweep: str,
-    index: np.ndarray,
-    local: np.ndarray,
-    seeds: int,
-    depth: int,
-    width: int,
-    steps: int,
-    log_points: int,
+    chunk_id: str, points: list[Point], index: np.ndarray, largest: np.ndarray
 ) -> dict[str, pa.Table]:
-    """The tables of one chunk of :func:`scale_sweep_chunks`: grid points ``index``
-    (``local``: their index within the chunk's (depth, width) block)."""
-    import hashlib
-    from datetime import datetime, timezone
-
-    import pyarrow as pa
-    from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS, to_table
-
+    """The tables of chunk ``chunk_id`` of :func:`scale_sweep_chunks`: grid points ``points``
+    of one (depth, width), ``index`` their indices in the grid, ``largest`` whether their
+    init scale is the grid's largest."""
+    first = points[0].config
+    depth, width = first.model.depth, first.model.width
+    steps, log_points = first.train.steps, first.train.log_points
     logged = log_steps(steps, log_points)
     t = logged * SCALE_LR
     n, k = len(index), len(logged)
-    alpha = np.asarray(SCALE_INIT_SCALES)[local // seeds][:, None]  # (n, 1)
-    seed = local % seeds
-    ids = [hashlib.sha256(f"{sweep}\n{i}".encode()).hexdigest()[:16] for i in index]
+    alpha = np.array([p.config.model.init_scale for p in points])[:, None]  # (n, 1)
+    seed = np.array([p.config.train.seed for p in points])
     failed = index % SCALE_FAIL_EVERY == SCALE_FAIL_EVERY - 1
-    diverged = ~failed & (alpha[:, 0] >= SCALE_INIT_SCALES[-1]) & (width >= 1024)
+    diverged = ~failed & largest & (width >= 1024)
     n_rows = np.where(failed, 0, np.where(diverged, k // 2, k))
     s = np.asarray(SCALE_SINGULAR_VALUES)
     u0 = np.minimum(alpha**depth * (1 + 0.1 * (seed % 10))[:, None], s.min() / 2)
@@ -448,7 +426,7 @@ def _scale_chunk(
     }
     keep = np.arange(k)[None, :] < n_rows[:, None]  # (n, k): the rows written
     row_run = np.nonzero(keep)[0]
-    run_ids = pa.array(ids, pa.string())
+    run_ids = pa.array([p.run_id for p in points], pa.string())
     traj = {"run_id": run_ids.take(pa.array(row_run)), **{c: v[keep] for c, v in curves.items()}}
 
     # layers: `depth` rows per logged row; singular values every SCALE_SPECTRA_EVERY-th step
@@ -486,42 +464,14 @@ def _scale_chunk(
         below = keep & (loss < f * loss[:, :1])
         crossings[c] = np.where(below.any(1), t[np.argmax(below, axis=1)], np.nan)
     ok = ~failed
-    configs = [
-        _SCALE_CONFIG.format(
-            depth=depth,
-            width=width,
-            alpha=float(al),
-            lr=SCALE_LR,
-            steps=steps,
-            log_points=log_points,
-            seed=int(sd),
-        )
-        for al, sd in zip(alpha[:, 0], seed)
-    ]
-    runs = {
-        "run_id": run_ids,
+    outcome = {
         "status": status,
-        "init_scale": alpha[:, 0],
-        "width": np.full(n, width),
-        "depth": np.full(n, depth),
-        "noise_sigma": np.zeros(n),
-        "lr": np.full(n, SCALE_LR),
-        "seed": seed,
-        "activation": ["linear"] * n,
-        "bias": np.zeros(n, dtype=bool),
-        "parameterization": ["standard"] * n,
-        "data_kind": ["teacher"] * n,
-        "steps": np.full(n, steps),
-        "config": configs,
         "final_train_loss": np.where(ok, final, np.nan),
         "final_test_loss": np.where(ok, final * 1.1 + 1e-3, np.nan),
         "wall_seconds": np.full(n, 0.01),
         "device": ["cpu"] * n,
         "finished_at": [datetime(2026, 1, 1, tzinfo=timezone.utc)] * n,
         "input_dim": np.full(n, 10),
-        "n_train": np.full(n, 64),
-        "leaky_slope": np.full(n, 0.01),
-        "optimizer": ["gd"] * n,
         "initial_train_loss": np.where(ok, loss[:, 0], np.nan),
         "final_step": pa.array(logged[last], pa.int64(), mask=failed),
         "final_time": np.where(ok, t[last], np.nan),
@@ -531,10 +481,9 @@ def _scale_chunk(
         "chunk_wall_seconds": np.full(n, 0.01 * n),
         "error": np.where(failed, "synthetic failure", None),
         "torch_threads": np.ones(n, dtype=np.int64),
-        "lr_effective": np.full(n, SCALE_LR),
     }
     return {
         "trajectories": to_table("trajectories", traj),
         "layers": to_table("layers", layers),
-        "runs": to_table("runs", runs),
+        "runs": runs_table(points, chunk_id, None, outcome),
     }
