@@ -1,14 +1,19 @@
-"""The layering of the three packages, checked on the source (every import statement,
-those inside functions included) and on what an import really loads.
+"""The layering of our packages, checked on the source (every import statement, those
+inside functions and under ``if TYPE_CHECKING:`` included) and on what an import really
+loads. docs/design.md ("Code layout") draws the same arrows.
 
-- ``storage`` imports no other package of ours (only the shared ``phasesweep._config`` and
-  ``phasesweep._lazy``, its lazy ``__init__``);
-- ``analysis`` reads the store, the shared config and ``phasesweep._lazy`` (its lazy
-  ``__init__``), never the training package (nor
-  the top-level ``phasesweep._api``, which imports it);
-- ``pipeline`` imports from ``analysis`` only its declarative ``analysis.config``;
-- ``phasesweep._config`` and ``analysis.config`` are leaves (pydantic and PyYAML only),
-  so the spec, which composes ``analysis.config``, stays cheap to import in every worker.
+- ``phasesweep._config`` and ``analysis.config`` are leaves (pydantic and PyYAML only), so
+  the spec, which composes ``analysis.config``, stays cheap to import in every worker;
+- ``storage`` imports no other package of ours (only ``_config`` and ``_lazy``);
+- ``analysis`` reads the store and the shared config, never the pipeline (nor the top-level
+  ``phasesweep._api``, which imports it);
+- the pipeline's rooms, bottom up: ``spec`` and ``activations`` (the declarative modules;
+  the spec composes ``analysis.config``); ``data`` (datasets); ``grid`` (axes, run ids,
+  chunks: no torch, no Ray; its reach check reads ``analysis.config``); ``train`` (the
+  ensemble trainer: no Ray, no fsspec; it builds its tables with ``storage.schema``);
+  ``run`` (launch, driver, Ray: the store); ``refine`` (on top of ``run``);
+- ``phasesweep._api`` may use everything; the CLI (``phasesweep._cli``) only the API,
+  the shared config and its own output formats: every command is one call of the API.
 """
 
 from __future__ import annotations
@@ -31,22 +36,42 @@ PACKAGES = {
 
 #: module or package of ours -> the modules of ours it may import (prefixes: a package
 #: allows its submodules). The most specific entry applies.
+_LEAVES = ("phasesweep._config", "phasesweep._lazy")
+_SPEC = ("phasesweep.pipeline.spec", "phasesweep.pipeline.activations", *_LEAVES)
+_DATA = ("phasesweep.pipeline.data", *_SPEC)
+_GRID = ("phasesweep.pipeline.grid", *_SPEC)
+_TRAIN = ("phasesweep.pipeline.train", _DATA[0], _GRID[0], "phasesweep.storage.schema", *_SPEC)
+_RUN = ("phasesweep.pipeline.run", *_TRAIN, "phasesweep.storage")
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "phasesweep.storage": ("phasesweep.storage", "phasesweep._config", "phasesweep._lazy"),
-    "phasesweep.analysis": (
-        "phasesweep.analysis",
-        "phasesweep.storage",
-        "phasesweep._config",
-        "phasesweep._lazy",
-    ),
-    "phasesweep.analysis.config": ("phasesweep._config",),
     "phasesweep._config": (),
     "phasesweep._lazy": (),
+    "phasesweep.storage": ("phasesweep.storage", *_LEAVES),
+    "phasesweep.analysis": ("phasesweep.analysis", "phasesweep.storage", *_LEAVES),
+    "phasesweep.analysis.config": ("phasesweep._config",),
+    "phasesweep.pipeline.activations": _LEAVES,
+    "phasesweep.pipeline.spec": (*_SPEC, "phasesweep.analysis.config"),
+    "phasesweep.pipeline.data": _DATA,
+    "phasesweep.pipeline.grid": _GRID,
+    "phasesweep.pipeline.grid._horizon": (*_GRID, "phasesweep.analysis.config"),
+    "phasesweep.pipeline.train": _TRAIN,
+    "phasesweep.pipeline.run": _RUN,
+    "phasesweep.pipeline.refine": ("phasesweep.pipeline.refine", *_RUN),
+    "phasesweep._cli": (
+        "phasesweep._cli",
+        "phasesweep._api",
+        "phasesweep._format",
+        "phasesweep.pipeline.spec",
+        *_LEAVES,
+    ),
 }
 #: ... and those it must not import (checked after ``ALLOWED``).
 FORBIDDEN: dict[str, tuple[str, ...]] = {"phasesweep.pipeline": ("phasesweep.analysis",)}
-#: exceptions to ``FORBIDDEN``: the spec composes the analysis' own sections.
-EXCEPT: dict[str, tuple[str, ...]] = {"phasesweep.pipeline": ("phasesweep.analysis.config",)}
+#: exceptions to ``FORBIDDEN``: the spec composes the analysis' own sections, and the
+#: grid's reach check uses its definition of a reached time.
+EXCEPT: dict[str, tuple[str, ...]] = {
+    "phasesweep.pipeline.spec": ("phasesweep.analysis.config",),
+    "phasesweep.pipeline.grid._horizon": ("phasesweep.analysis.config",),
+}
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -92,9 +117,15 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
 
 
 def _modules() -> list[tuple[Path, str, bool]]:
-    mods = [
-        (ROOT / "phasesweep" / f"{m}.py", f"phasesweep.{m}", False) for m in ("_config", "_lazy")
-    ]
+    mods = []
+    for path in sorted((ROOT / "phasesweep").rglob("*.py")):
+        rel = path.relative_to(ROOT / "phasesweep").with_suffix("").parts
+        if rel[0] in PACKAGES:  # the links to the layout's folders, read below
+            continue
+        is_package = rel[-1] == "__init__"
+        mods.append(
+            (path, ".".join(["phasesweep", *rel[: -1 if is_package else None]]), is_package)
+        )
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT / folder).with_suffix("").parts
@@ -135,6 +166,30 @@ def test_every_module_keeps_to_its_layer():
         ),
         ("phasesweep.pipeline.train._trainer", "from phasesweep import analysis", "analysis"),
         ("phasesweep._config", "from phasesweep.pipeline.spec import SweepSpec", "pipeline"),
+        (
+            "phasesweep.pipeline.spec",
+            "def f():\n    from phasesweep.pipeline.grid import x",
+            "pipeline.grid",
+        ),
+        (
+            "phasesweep.pipeline.grid._grid",
+            "from phasesweep.pipeline.train import _models",
+            "pipeline.train",
+        ),
+        ("phasesweep.pipeline.grid._grid", "from phasesweep.analysis.config import X", "analysis"),
+        (
+            "phasesweep.pipeline.train._trainer",
+            "from phasesweep.pipeline.run import _ray",
+            "pipeline.run",
+        ),
+        ("phasesweep.pipeline.train._trainer", "from phasesweep.storage import Store", "storage"),
+        (
+            "phasesweep.pipeline.run._driver",
+            "from phasesweep.pipeline.refine import x",
+            "pipeline.refine",
+        ),
+        ("phasesweep._cli", "from phasesweep.storage import verify", "storage"),
+        ("phasesweep._cli._run", "from phasesweep.pipeline.run import _launch", "pipeline.run"),
     ],
 )
 def test_a_forbidden_import_is_found(module, source, target):
@@ -150,6 +205,13 @@ def test_a_forbidden_import_is_found(module, source, target):
         ("phasesweep.analysis._plotting", "from phasesweep.storage import open_catalog"),
         ("phasesweep.analysis.figures._kind", "from .. import style"),
         ("phasesweep.storage._store", "from phasesweep._config import SpecError"),
+        (
+            "phasesweep.pipeline.grid._horizon",
+            "from phasesweep.analysis.config import reached_time",
+        ),
+        ("phasesweep.pipeline.train._trainer", "from phasesweep.storage.schema import to_table"),
+        ("phasesweep.pipeline.run._driver", "from phasesweep.pipeline.train import _trainer"),
+        ("phasesweep._cli", "from phasesweep import _api"),
     ],
 )
 def test_an_allowed_import_passes(module, source):
@@ -174,6 +236,87 @@ def test_config_modules_load_neither_pandas_nor_matplotlib():
     assert config == []
     # the pipeline package itself needs numpy (grid points); nothing of the analysis' own
     assert not {"pandas", "pyarrow", "duckdb", "matplotlib", "torch", "ray"} & set(spec)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "module, absent",
+    [
+        ("phasesweep.pipeline.grid._grid", ["torch", "ray", "fsspec", "duckdb"]),
+        ("phasesweep.pipeline.train._trainer", ["ray", "fsspec", "duckdb"]),
+    ],
+)
+def test_a_room_loads_none_of_the_layers_above_it(module, absent):
+    """The grid plans without torch (a dry run of 10⁷ points must not wait for it) and the
+    trainer runs without Ray or fsspec (``scripts/gpu-check`` has neither)."""
+    code = f"import sys, json, {module}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert not set(absent) & set(json.loads(out.stdout))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module of ours -> the modules of ours it imports (every statement, as above); an import
+    of a name that is not a module (``from m import f``) is an import of ``m``."""
+    mods = _modules()
+    names = {m for _, m, _ in mods}
+    graph: dict[str, set[str]] = {}
+    for path, module, is_package in mods:
+        targets = set()
+        for _, name in imported(path.read_text(), module, is_package):
+            while name not in names and "." in name:
+                name = name.rpartition(".")[0]
+            if name in names and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle among our modules, counting imports inside functions (the cycle
+    spec -> grid -> horizon -> spec hid in a validator's body)."""
+    graph = import_graph()
+    assert {"phasesweep.pipeline.spec", "phasesweep._cli", "phasesweep._api"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_body():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 @pytest.mark.process
