@@ -357,9 +357,9 @@ def spec_body(text: str | None) -> str:
 def code_commit() -> str:
     """The git commit of the phasesweep code that runs, ``+dirty`` if it has local changes;
     "unknown" unless the package's own files are tracked in a git checkout."""
-    import phasesweep
+    from phasesweep import _version
 
-    src = Path(phasesweep.__file__).resolve()
+    src = Path(_version.__file__).resolve()  # a module of the package's own folder
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -384,7 +384,7 @@ def provenance(
 ) -> Provenance:
     """The report's provenance; ``con``: the open catalog. ``command``: the command line
     that makes the report (default: this process's ``sys.argv``)."""
-    import phasesweep
+    from phasesweep._version import __version__
 
     argv = list(command) if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]
     # one pass over the runs (the view's window over all of them is the cost at scale)
@@ -397,7 +397,7 @@ def provenance(
         [sweep],
     ).fetchone()
     return Provenance(
-        version=phasesweep.__version__,
+        version=__version__,
         commit=code_commit(),
         command=shlex.join(argv),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -36,13 +36,9 @@ name of another module (``tests/test_surface.py`` checks it).
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-try:
-    __version__ = version("phasesweep")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+from phasesweep._version import __version__
 
 #: Imported on first access (:mod:`phasesweep._lazy`).
 if TYPE_CHECKING:

@@ -36,10 +36,24 @@ PACKAGES = {
 
 #: module or package of ours -> the modules of ours it may import (prefixes: a package
 #: allows its submodules). The most specific entry applies.
-_LEAVES = ("phasesweep._config", "phasesweep._lazy")
-_SPEC = ("phasesweep.pipeline.spec", "phasesweep.pipeline.activations", *_LEAVES)
+_LEAVES = ("phasesweep._config", "phasesweep._lazy", "phasesweep._version")
+#: the spec's layer: the public models and the private modules they are built from (the
+#: axes' names, the run config's sections, the data section, the YAML file), and the reader
+#: of a researcher's weight and array files that its validators call (numpy only)
+_SPEC = (
+    "phasesweep.pipeline.spec",
+    "phasesweep.pipeline.activations",
+    "phasesweep.pipeline._axes",
+    "phasesweep.pipeline._run_config",
+    "phasesweep.pipeline._data_config",
+    "phasesweep.pipeline._spec_file",
+    "phasesweep.pipeline.data._user_data",
+    *_LEAVES,
+)
 _DATA = ("phasesweep.pipeline.data", *_SPEC)
-_GRID = ("phasesweep.pipeline.grid", *_SPEC)
+#: the grid asks the optimizer for its rows per step and member fields (``train._optim``
+#: imports torch only inside its tensor methods)
+_GRID = ("phasesweep.pipeline.grid", "phasesweep.pipeline.train._optim", *_SPEC)
 _TRAIN = ("phasesweep.pipeline.train", _DATA[0], _GRID[0], "phasesweep.storage.schema", *_SPEC)
 _RUN = ("phasesweep.pipeline.run", *_TRAIN, "phasesweep.storage")
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -49,6 +63,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "phasesweep.analysis": ("phasesweep.analysis", "phasesweep.storage", *_LEAVES),
     "phasesweep.analysis.config": ("phasesweep._config",),
     "phasesweep.pipeline.activations": _LEAVES,
+    "phasesweep.pipeline._axes": _SPEC,
+    "phasesweep.pipeline._run_config": _SPEC,
+    "phasesweep.pipeline._data_config": _SPEC,
+    "phasesweep.pipeline._spec_file": _SPEC,
+    "phasesweep.pipeline.data._user_data": _LEAVES,
     "phasesweep.pipeline.spec": (*_SPEC, "phasesweep.analysis.config"),
     "phasesweep.pipeline.data": _DATA,
     "phasesweep.pipeline.grid": _GRID,
@@ -63,6 +82,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "phasesweep.pipeline.spec",
         *_LEAVES,
     ),
+    "phasesweep._version": (),
 }
 #: ... and those it must not import (checked after ``ALLOWED``).
 FORBIDDEN: dict[str, tuple[str, ...]] = {"phasesweep.pipeline": ("phasesweep.analysis",)}
