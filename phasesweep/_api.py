@@ -254,7 +254,7 @@ def run(
 
 
 def execute(
-    planned: Plan,
+    plan: Plan,
     *,
     address: str | None = None,
     cpus_per_trial: float = 1.0,
@@ -275,7 +275,7 @@ def execute(
     from phasesweep.pipeline.run._launch import execute as execute_plan
 
     return execute_plan(
-        planned,
+        plan,
         address=address,
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,
