@@ -199,9 +199,8 @@ def _one_ahead(thread: Executor, plots: Sequence[PlotSpec], ctx: Context) -> Ite
 def default_out_dir(store, sweep: str) -> Path:
     """Where figures go without ``--out``: ``STORE/figures/SWEEP`` for a local store,
     ``./figures/SWEEP`` for an object store (copied into the store too, see :func:`plot`)."""
-    if store.is_local:
-        return Path(store.root) / "figures" / sweep
-    return Path("figures") / sweep
+    local = store.local_path(f"figures/{sweep}")
+    return Path(local) if local is not None else Path("figures") / sweep
 
 
 @contextmanager
@@ -230,7 +229,7 @@ def open_sweep(store, sweep: str) -> Iterator[Context]:
 def upload(store, sweep: str, paths: list[Path]) -> None:
     """Copy ``paths`` into ``STORE/figures/SWEEP/`` (object stores)."""
     for p in paths:
-        store.fs.put_file(str(p), f"{store.root}/figures/{sweep}/{p.name}")
+        store.upload(str(p), f"figures/{sweep}/{p.name}")
 
 
 def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
@@ -249,7 +248,7 @@ def plot(store, sweep: str, out_dir: Path | str | None = None) -> list[Path]:
     with open_sweep(store, sweep) as ctx:
         done = render_all(ctx, out)
     paths = [p for r in done for p in r.paths]
-    if out_dir is None and not store.is_local:
+    if out_dir is None and store.local_path("figures") is None:
         upload(store, sweep, paths)
     return paths
 

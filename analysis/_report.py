@@ -624,6 +624,6 @@ def report(
         cfg=cfg,
     )
     page = write_file(prepare_dir(out), "report.html", text.encode("utf-8"))
-    if out_dir is None and not store.is_local:
+    if out_dir is None and store.local_path("figures") is None:
         upload(store, sweep, [page])
     return page

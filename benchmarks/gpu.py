@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline.grid._grid import Chunk, Point, flops_per_step
+from phasesweep.pipeline.grid import Chunk, Point, flops_per_step
 from phasesweep.pipeline.train._trainer import HOOK_EVERY, ChunkTrainer
 from phasesweep.storage.schema import log_steps
 

@@ -107,9 +107,10 @@ def spec(name: str, s: Sizes, points: int) -> dict[str, Any]:
 
 def train_sweep(store, raw: dict[str, Any], use_ray: bool) -> tuple[int, float]:
     """Train a sweep as ``phasesweep run`` does; (runs trained, wall seconds)."""
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
-    from phasesweep.pipeline.run._driver import run_chunks, train_and_store
+    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline.run._driver import run_chunks
     from phasesweep.pipeline.run._resources import trial_slots
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
     sp = validate_spec(raw)
@@ -165,7 +166,7 @@ class Result:
 
 
 def bench(mode: str, use_ray: bool, store_dir: str) -> Result:
-    from phasesweep.pipeline.refine._refine import boundary_rows, plan, refine
+    from phasesweep.pipeline.refine._refine import boundary_rows, plan_refinement, refine
     from phasesweep.storage import Store
 
     s = MODES[mode]
@@ -174,7 +175,7 @@ def bench(mode: str, use_ray: bool, store_dir: str) -> Result:
     res = Result(mode, asdict(s), use_ray, precision_decades=delta)
 
     res.dense_runs, res.dense_seconds = train_sweep(store, spec("dense", s, s.dense), use_ray)
-    dense = boundary_rows(plan(store, "dense", METRIC, LEVEL, tol=delta))
+    dense = boundary_rows(plan_refinement(store, "dense", METRIC, LEVEL, tol=delta))
     res.dense = per_width(dense)
 
     coarse_runs, coarse_seconds = train_sweep(store, spec("coarse", s, s.coarse), use_ray)

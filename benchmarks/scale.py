@@ -136,9 +136,9 @@ def per_point(chunk_points: int | None, steps: int, grid_points: int) -> dict[st
     """CPU time per point (µs) of each phase of one chunk, in this process, of chunks of
     at most ``chunk_points`` members (None: as a launch cuts them)."""
     import torch
-    from phasesweep.pipeline.grid._grid import Grid, group_tag
-    from phasesweep.pipeline.run._driver import stored_reads
+    from phasesweep.pipeline.grid import Grid, group_tag
     from phasesweep.pipeline.run._plan import expand_task, plan_chunks
+    from phasesweep.pipeline.run._trial import stored_reads
     from phasesweep.pipeline.spec import validate_spec
     from phasesweep.pipeline.train._trainer import ChunkTrainer
     from phasesweep.storage import Store

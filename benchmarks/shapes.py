@@ -19,7 +19,7 @@ thread each), taken in turn for each shape:
 The baselines train ``baseline_points`` of the grid's points (spread evenly) and are
 extrapolated linearly per point; their final losses are compared with phasesweep's.
 The FLOP rate is the FLOPs a step computes (model FLOPs, 6 · rows · weights per
-member-step as :func:`pipeline.grid._grid.flops_per_step` counts, less the first layer's
+member-step as :func:`pipeline.grid._cost.flops_per_step` counts, less the first layer's
 input gradient, which no step computes: :func:`computed_fraction`; bias-free linear nets
 train in factored form, :class:`pipeline.train._linear_step.LinearStep`, and count that step's
 own, far fewer, FLOPs) over phasesweep's training time (the step loop, summed over the
@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline.grid._grid import Point, expand, flops_per_step
+from phasesweep.pipeline.grid import Point, expand, flops_per_step
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 from benchmarks import training
@@ -244,7 +244,7 @@ def _warm_up(_: int) -> None:
 
 
 def computed_fraction(point: Point) -> float:
-    """The part of the model FLOPs (6 · rows · weights, :func:`pipeline.grid._grid.step_flops`)
+    """The part of the model FLOPs (6 · rows · weights, :func:`pipeline.grid._cost.step_flops`)
     a training step computes: no step propagates the gradient back into the input, so the
     first layer's 2 · rows · d · width of it are never spent. It matters where the first
     layer holds most weights (input_dim 784: a third of the model FLOPs)."""

@@ -29,14 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phasesweep.pipeline.grid._grid import (
-    Chunk,
-    Point,
-    expand,
-    flops_per_step,
-    make_chunks,
-    step_rows,
-)
+from phasesweep.pipeline.grid import Chunk, Point, expand, flops_per_step, make_chunks, step_rows
 from phasesweep.pipeline.spec import RunConfig, SweepSpec, validate_spec
 
 # -- the grid -----------------------------------------------------------------------------

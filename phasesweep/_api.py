@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import duckdb
     import pandas as pd
     import pyarrow as pa
-    from phasesweep.pipeline.grid._grid import Point
+    from phasesweep.pipeline.grid import Point
     from phasesweep.pipeline.refine._refine import RefineOutcome
     from phasesweep.pipeline.run._driver import SweepOutcome
     from phasesweep.pipeline.run._launch import Plan, Status
@@ -100,7 +100,7 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
         except ValueError as e:
             raise StoreError(resolve_store_uri(store), str(e)) from None
     try:
-        exists = opened.fs.isdir(opened.root) if opened.is_local else opened.fs.exists(opened.root)
+        exists = opened.exists()
     except Exception as e:  # botocore/aiohttp connection errors have no common base
         raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
     if must_exist and not exists:
@@ -148,7 +148,7 @@ def expand(spec: SpecSource) -> list[Point]:
     under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
     varies fastest).
     """
-    from phasesweep.pipeline.grid._grid import expand as expand_grid
+    from phasesweep.pipeline.grid import expand as expand_grid
     from phasesweep.pipeline.spec import SweepSpec
 
     return expand_grid(spec if isinstance(spec, SweepSpec) else load_spec(spec))

@@ -114,7 +114,8 @@ def _keys(section: dict, defs: dict, prefix: str) -> Iterator[str]:
 
 
 def spec_reference(schema: dict) -> str:
-    from phasesweep.pipeline.grid._grid import MEMBER_FIELDS, axis_values
+    from phasesweep.pipeline._axes import axis_values
+    from phasesweep.pipeline.grid import MEMBER_FIELDS
     from phasesweep.pipeline.spec import SHORT_NAMES
 
     defs = schema["$defs"]

@@ -5,9 +5,9 @@ details that may move. Public modules: :mod:`pipeline.spec` (the sweep spec's mo
 and :mod:`pipeline.activations` (the activation registry; ``register`` adds one).
 Typical use from Python::
 
-    from phasesweep.pipeline import load_spec, expand, make_chunks, train_chunk
+    from phasesweep.pipeline import load_spec_and_raw, expand, make_chunks, train_chunk
 
-    spec, _ = load_spec("sweeps/quickstart.yaml", ["train.steps=500"])
+    spec, _ = load_spec_and_raw("sweeps/quickstart.yaml", ["train.steps=500"])
     chunks = make_chunks(expand(spec), spec)
     tables = train_chunk(chunks[0])      # {"runs", "trajectories", "layers"}: pyarrow Tables
 
@@ -18,8 +18,15 @@ cores, small batched ops slow down by an order of magnitude).
 
 from typing import TYPE_CHECKING
 
-from phasesweep.pipeline.grid._grid import Chunk, Point, expand, make_chunks, run_id_of
-from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec, load_spec, validate_spec
+from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks, run_id_of
+from phasesweep.pipeline.spec import (
+    RunConfig,
+    SpecError,
+    SweepSpec,
+    load_spec,
+    load_spec_and_raw,
+    validate_spec,
+)
 
 #: The trainer pulls in torch: imported on first use so the CLI starts fast
 #: (:mod:`phasesweep._lazy`).
@@ -38,6 +45,7 @@ __all__ = [
     "SweepSpec",
     "expand",
     "load_spec",
+    "load_spec_and_raw",
     "make_chunks",
     "run_id_of",
     "train_chunk",

@@ -134,7 +134,7 @@ def catalog_connection(store: Store, files: dict[str, list[str]]) -> duckdb.Duck
     it pushes the joins' filters into the scan (0.22 s against 1.47 s at 10 M rows).
     """
     by_duckdb = {
-        t for t, paths in files.items() if store.is_local and len(paths) <= READER_MAX_FILES
+        t for t, paths in files.items() if store.backend.local and len(paths) <= READER_MAX_FILES
     }
     con = locked_connection([p for t in by_duckdb for p in files[t]])
     try:
@@ -169,7 +169,7 @@ def open_catalog(
     if not external_access:
         return catalog_connection(store, snapshot(store))
     con = duckdb.connect()
-    if not store.is_local:
+    if not store.backend.local:
         con.register_filesystem(store.fs)
     create_views(con, store, by_duckdb=_TABLES)
     return con
@@ -403,7 +403,7 @@ class ChunkFiles:
     def __init__(self, store: Store, table: str, paths: Sequence[str]):
         self.store = store
         self.schema = schema.CHUNK_TABLES[table]
-        workers = 1 if store.is_local else self.THREADS
+        workers = 1 if store.backend.local else self.THREADS
         with ThreadPoolExecutor(workers) as pool:
             ranges = [f for f in pool.map(self._range, paths) if f is not None]
         self.by_attempt: dict[str, list[_FileRange]] = {}

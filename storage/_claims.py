@@ -6,7 +6,7 @@ number of trials). Before a trial trains, it claims its points in the store; it 
 only the points it got, re-reads which of them are stored after claiming, and releases
 its claim after its commit. A claim costs a few file operations per trial, whatever its
 number of points. Layout under the store root, per sweep and group (the points whose
-chunks share a group tag, :func:`pipeline.grid._grid.group_tag`; a point is always claimed
+chunks share a group tag, :func:`pipeline.grid._groups.group_tag`; a point is always claimed
 in its group)::
 
     claims/sweep={name}/group={tag}/lock.{gen}          the group's lock, generation gen
@@ -177,7 +177,7 @@ class Lease:
 class Claims:
     """The claims of one sweep's group in ``store``; ``ttl``: lease lifetime in seconds.
 
-    ``group``: the group tag of the points claimed (:func:`pipeline.grid._grid.group_tag`);
+    ``group``: the group tag of the points claimed (:func:`pipeline.grid._groups.group_tag`);
     every claim of a point must name the same group.
     """
 

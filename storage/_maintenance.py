@@ -380,7 +380,7 @@ def _shown(runs: list[dict]) -> list[dict]:
 
 def _temp_files(store: Store, sweep: str) -> list[str]:
     """Hidden temp files of killed local writers in the sweep's folders."""
-    if not store.is_local:
+    if not store.backend.local:
         return []  # an object store's PUT leaves no partial object
     found = []
     dirs = [

@@ -19,6 +19,7 @@ import math
 import os
 import posixpath
 import re
+import shutil
 import struct
 import uuid
 import warnings
@@ -30,8 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from fsspec import AbstractFileSystem
-from fsspec.implementations.local import LocalFileSystem
 from phasesweep.storage import schema
+from phasesweep.storage._backends import Backend, open_backend
 from phasesweep.storage._manifest import check_entry, encode_entry, manifest_entry, sort_entries
 from phasesweep.storage._writer import ParquetStream, atomic_file, parquet_bytes, put_atomic
 
@@ -92,60 +93,86 @@ class Store:
     ``damaged_files`` lists them, ``maintenance.verify`` finds the rest.
     Writes go through ``put`` and never follow a symbolic link out of the store.
 
+    Where the files live is the ``backend``'s business (:mod:`storage._backends`: a local
+    folder, an S3 prefix, chosen by the URI's scheme); nothing outside storage reaches
+    its file system.
+
     Attributes:
-        uri: canonical URI: an absolute local path, or ``s3://bucket/prefix``.
-        fs: fsspec file system holding the store.
-        root: path of the store root on ``fs`` (no protocol).
+        backend: the store root on its file system.
     """
 
-    uri: str
-    fs: AbstractFileSystem
-    root: str
+    backend: Backend
 
     @classmethod
     def open(cls, uri: str | os.PathLike[str] | None = None) -> Store:
-        """Open a store (creates nothing): a local path, ``file://PATH`` or ``s3://BUCKET/PREFIX``.
+        """Open a store (creates nothing): a local path, ``file://PATH`` or ``s3://BUCKET/PREFIX``
+        (:func:`storage._backends.open_backend`).
 
         ``None`` resolves through ``resolve_store_uri``. For S3 the endpoint is
         ``$PHASESWEEP_S3_ENDPOINT``, else ``$AWS_ENDPOINT_URL``, else AWS; the
         credentials come from the usual AWS environment variables and files.
         """
-        uri = resolve_store_uri(uri)
-        if uri.startswith("s3://"):
-            root = uri.removeprefix("s3://").strip("/")
-            if not root:
-                raise ValueError(f"store URI {uri!r} names no bucket")
-            endpoint = os.environ.get("PHASESWEEP_S3_ENDPOINT") or os.environ.get(
-                "AWS_ENDPOINT_URL"
-            )
-            import s3fs
+        return cls(open_backend(resolve_store_uri(uri)))
 
-            # No listings cache: a reader must see chunks committed after it started.
-            fs = s3fs.S3FileSystem(
-                endpoint_url=endpoint, use_listings_cache=False, skip_instance_cache=True
-            )
-            return cls(f"s3://{root}", fs, root)
-        if "://" in uri and not uri.startswith("file://"):
-            raise ValueError(
-                f"unsupported store URI {uri!r}: use a local path, file://PATH or s3://BUCKET/PREFIX"
-            )
-        root = os.path.abspath(os.path.expanduser(uri.removeprefix("file://")))
-        return cls(root, LocalFileSystem(), root)
+    @property
+    def uri(self) -> str:
+        """Canonical URI: an absolute local path, or ``s3://bucket/prefix``."""
+        return self.backend.uri
+
+    @property
+    def fs(self) -> AbstractFileSystem:
+        """The fsspec file system holding the store (storage's own modules only)."""
+        return self.backend.fs
+
+    @property
+    def root(self) -> str:
+        """Path of the store root on ``fs`` (no protocol)."""
+        return self.backend.root
 
     @property
     def is_local(self) -> bool:
-        return isinstance(self.fs, LocalFileSystem)
+        """Whether the store is a folder on this machine. Kept for users of the public
+        ``Store``; code of ours asks the store to act (``local_path``, ``upload``, ``exists``)
+        instead of branching on where it lives."""
+        return self.backend.local
 
     @property
     def arrow_fs(self) -> pafs.FileSystem:
         """The store's file system for ``pyarrow.dataset``."""
-        if self.is_local:
-            return pafs.LocalFileSystem()
-        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+        return self.backend.arrow_fs
 
     def url(self, path: str) -> str:
         """Full URL of a path on ``fs`` (as DuckDB reads it)."""
-        return path if self.is_local else f"s3://{path}"
+        return self.backend.url(path)
+
+    def exists(self) -> bool:
+        """Whether the store is there: a local folder, or an object-store prefix holding an
+        object. Errors reaching an object store propagate."""
+        return self.backend.root_exists()
+
+    def local_path(self, relative: str) -> str | None:
+        """``relative`` (a '/'-separated path under the root) as a path of this machine
+        where the store is a local folder; None for an object store."""
+        return f"{self.root}/{relative}" if self.backend.local else None
+
+    def download(self, relative: str, local: str) -> bool:
+        """Copy the store's file at ``relative`` to the local path ``local``; False (and
+        nothing written) where the store holds no such file."""
+        try:
+            self.fs.get_file(f"{self.root}/{relative}", local)
+        except FileNotFoundError:
+            with contextlib.suppress(FileNotFoundError):  # a partial copy
+                os.remove(local)
+            return False
+        return True
+
+    def upload(self, local: str, relative: str) -> None:
+        """Put the local file ``local`` into the store at ``relative``, atomically."""
+        with (
+            open(local, "rb") as f,
+            atomic_file(self.fs, f"{self.root}/{relative}", root=self.root) as out,
+        ):
+            shutil.copyfileobj(f, out)
 
     def table_dir(self, table: str) -> str:
         """Path of a table's directory on ``fs`` (it may not exist)."""
@@ -236,19 +263,7 @@ class Store:
         """The last 8 bytes of every path (``None`` for a file that vanished)."""
         if not paths:
             return []
-        if self.is_local:
-            tails: list[bytes | None] = []
-            for path, size in zip(paths, sizes):
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(size - 8)
-                        tails.append(f.read(8))
-                except FileNotFoundError:
-                    tails.append(None)
-            return tails
-        got = self.fs.cat_ranges(
-            paths, [n - 8 for n in sizes], sizes, on_error="return"
-        )  # one batched, concurrent request per file
+        got = self.backend.tails(paths, sizes)
         return [None if isinstance(t, FileNotFoundError) else _bytes_or_raise(t) for t in got]
 
     def read_files(self, paths: list[str]) -> list[bytes | Exception]:
@@ -441,6 +456,15 @@ class Store:
         ):
             yield lambda table: out.write(schema.to_table(name, table, complete=True))
 
+    def read_analysis(self, sweep: str, name: str) -> pa.Table:
+        """The ``sweep`` partition of analysis table ``name`` (no rows where it has none; a
+        damaged file is skipped as ``readable_files`` does), in the schema's columns."""
+        paths = self.readable_files(name, sweep)
+        if not paths:
+            return schema.ANALYSIS_TABLES[name].empty_table()
+        dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
+        return dataset.to_table()
+
     def _analysis_path(self, sweep: str, name: str) -> str:
         check_sweep(sweep)
         if name not in schema.ANALYSIS_TABLES:
@@ -508,7 +532,7 @@ class Store:
 
     def relative(self, path: str) -> str:
         """``path`` on ``fs`` relative to the store root, '/'-separated."""
-        return posixpath.relpath(path, self.root) if self.is_local else path[len(self.root) + 1 :]
+        return self.backend.relative(path)
 
 
 def as_store(store_or_uri: Store | str | None) -> Store:

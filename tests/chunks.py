@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 
 import torch
-from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import SweepSpec, validate_spec
 from phasesweep.pipeline.train._trainer import train_chunk
 

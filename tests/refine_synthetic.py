@@ -96,7 +96,7 @@ def runs_rows(points, chunk_id: str, node_id: str | None):
 
 def make_parent(store) -> None:
     """Store the parent sweep's spec and its runs (closed form, no log)."""
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     spec = validate_spec(PARENT)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from phasesweep.pipeline.grid._grid import Point, expand, make_chunks
-from phasesweep.pipeline.spec import SweepSpec, load_spec
+from phasesweep.pipeline.grid import Point, expand, make_chunks
+from phasesweep.pipeline.spec import SweepSpec, load_spec_and_raw
 from phasesweep.pipeline.train._trainer import train_chunk
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
@@ -41,7 +41,7 @@ def sweep_path(name: str) -> Path:
 
 
 def run_sweep(name: str, overrides: list[str] = ()) -> SweepResult:
-    spec, _ = load_spec(sweep_path(name), list(overrides))
+    spec, _ = load_spec_and_raw(sweep_path(name), list(overrides))
     points = expand(spec)
     tables: dict[str, list[pd.DataFrame]] = {"runs": [], "trajectories": [], "layers": []}
     for chunk in make_chunks(points, spec):

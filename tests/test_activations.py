@@ -10,7 +10,7 @@ import pytest
 import torch
 from phasesweep.pipeline import activations
 from phasesweep.pipeline.activations import Activation
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, SpecError, validate_spec
 from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
 from phasesweep.pipeline.train._trainer import train_chunk

@@ -137,14 +137,14 @@ def test_ready_sweeps_reach_equal_time_across_init_scales():
     # constant-lr sweeps: points that differ only in init scale, width or seed end at the
     # same t = lr_effective * steps (so "final" is an equal-time comparison), and at or
     # past analysis.at_time where it is set
-    from phasesweep.pipeline.grid._grid import expand
-    from phasesweep.pipeline.spec import load_spec
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import load_spec_and_raw
     from phasesweep.pipeline.train._trainer import member_lr
     from sweep_runner import SWEEPS
 
     checked = 0
     for path in sorted(SWEEPS.glob("*.yaml")):
-        spec, _ = load_spec(path)
+        spec, _ = load_spec_and_raw(path)
         if spec.train.lr_schedule != "constant" or "init_scale" not in spec.grid:
             continue
         ends: dict[tuple, set] = {}

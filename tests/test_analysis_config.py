@@ -9,7 +9,7 @@ import logging
 import pytest
 import yaml
 from phasesweep.analysis.config import AnalysisConfig, StoredSweep, stored_sweep
-from phasesweep.pipeline.spec import SHORT_NAMES, SpecError, load_spec
+from phasesweep.pipeline.spec import SHORT_NAMES, SpecError, load_spec_and_raw
 from sweep_runner import SWEEPS
 
 from phasesweep._config import SpecError as SharedSpecError
@@ -17,7 +17,7 @@ from phasesweep._config import SpecError as SharedSpecError
 
 @pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_view_of_a_stored_sweep_agrees_with_the_full_spec(path):
-    spec, raw = load_spec(path)
+    spec, raw = load_spec_and_raw(path)
     # what a launch stores: the raw dict dumped (after the header comment, pipeline.run._launch)
     view = StoredSweep.from_yaml("# header\n" + yaml.safe_dump(raw, sort_keys=False))
     assert view.analysis == spec.analysis and view.plots == spec.plots

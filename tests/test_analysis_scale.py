@@ -277,8 +277,8 @@ def test_batched_analysis_equals_the_whole_sweep(tmp_path):
 def test_batched_analysis_of_a_trained_sweep(tmp_path):
     """A sweep trained by the pipeline, one store file per chunk of 4 points."""
     import yaml
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
-    from phasesweep.pipeline.run._driver import train_and_store
+    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
     raw = {

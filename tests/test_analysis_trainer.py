@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def _train(raw):
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
     from phasesweep.pipeline.train._trainer import train_chunk
 

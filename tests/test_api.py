@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY_SPEC
-from phasesweep.pipeline.grid._grid import expand as grid_expand
+from phasesweep.pipeline.grid import expand as grid_expand
 from phasesweep.storage import Store, run_query
 
 import phasesweep

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from conftest import TINY_SPEC
 from phasesweep.analysis._analyze import unreached
-from phasesweep.pipeline.grid import _grid
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline import _axes
+from phasesweep.pipeline.grid import _grid, expand, make_chunks
 from phasesweep.pipeline.grid._horizon import final_time, grid_final_time
-from phasesweep.pipeline.spec import SpecError, load_spec, validate_spec
+from phasesweep.pipeline.spec import SpecError, load_spec_and_raw, validate_spec
 from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import run_query
 from test_figures_sweeps import train_into_store
@@ -74,7 +74,7 @@ def test_grid_final_time_is_the_largest_over_every_point():
     naive = max(final_time(p.config) for p in expand(spec))
     assert grid_final_time(spec) == naive
     # the largest is not simply every axis at its largest value
-    top = {k: [max(_grid.axis_values(k, v))] for k, v in grid.items() if k != "train.lr_schedule"}
+    top = {k: [max(_axes.axis_values(k, v))] for k, v in grid.items() if k != "train.lr_schedule"}
     assert grid_final_time(validate_spec({**TINY_SPEC, "grid": top})) < naive
 
 
@@ -109,7 +109,7 @@ def test_run_with_at_time_past_every_run_exits_2_naming_the_fix(tmp_path, capsys
     # the fix it names works
     assert main([*args, "--set", "analysis.at_time=150", "--dry-run"]) == 0
     # the same from Python
-    spec, _ = load_spec("sweeps/quickstart.yaml", ["train.steps=300", "grid.seed=[0]"])
+    spec, _ = load_spec_and_raw("sweeps/quickstart.yaml", ["train.steps=300", "grid.seed=[0]"])
     with pytest.raises(SpecError, match="analysis.at_time"):
         phasesweep.plan(spec, store)
     assert not store.exists()

@@ -126,7 +126,7 @@ def test_the_stored_grid_covers_every_stored_point_after_a_relaunch(tmp_path, ti
     """What ``status`` counts against: the stored spec's grid, after a relaunch of a part
     of it (unchanged), after an extension that holds it (the new grid) and after one that
     adds to some axes only (each axis takes the values of both)."""
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.run._launch import plan_sweep
     from phasesweep.pipeline.spec import parse_yaml, validate_spec
 
@@ -267,10 +267,11 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
     store = tmp_path / "store"
     spec = tiny_spec()
-    from phasesweep.pipeline.grid._grid import expand
-    from phasesweep.pipeline.spec import load_spec
+    import trial_faults
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import load_spec_and_raw
 
-    victim = expand(load_spec(spec)[0])[0].run_id
+    victim = expand(load_spec_and_raw(spec)[0])[0].run_id
     tune_tmp = Path(
         tempfile.mkdtemp(prefix="ps", dir="/tmp")
     )  # short: Ray's socket paths live here
@@ -286,7 +287,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
             "--cpus-per-trial",
             "2",
         ],
-        env_extra={"PHASESWEEP_INJECT_FAILURE": victim, "TMPDIR": str(tune_tmp)},
+        env_extra={**trial_faults.env(PHASESWEEP_INJECT_FAILURE=victim), "TMPDIR": str(tune_tmp)},
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err

@@ -11,7 +11,7 @@ import pytest
 import torch
 from phasesweep.pipeline.data._datasets import digits_arrays, make_dataset, teacher_fn
 from phasesweep.pipeline.data._seeding import generator
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import DataConfig, SpecError, validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 

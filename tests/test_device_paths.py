@@ -121,14 +121,15 @@ def test_resume_from_the_store_equals_an_uninterrupted_run(tmp_path, accelerated
     points (`train_and_store`), gives the uninterrupted run's rows, on the CPU's paths and
     on the accelerator's."""
     import pyarrow.parquet as pq
-    from phasesweep.pipeline.run._driver import checkpoint_path, train_and_store
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.storage import Store
+    from phasesweep.storage._checkpoints import Checkpoint
 
     spec = small_spec(train={"steps": 90}, grid={"lr": [0.05, 0.2, 200.0], "seed": [0, 1]})
     chunk = only_chunk(spec)
     store = Store.open(str(tmp_path / "store"))
     ids = [p.run_id for p in chunk.points]
-    store.put(checkpoint_path(store, "t", chunk.chunk_id, ids), checkpoint_at(chunk, 48))
+    Checkpoint.of(store, "t", chunk.chunk_id, ids).write(checkpoint_at(chunk, 48))
     summary = train_and_store(store.uri, "t", chunk, "cpu")
     assert summary["resumed"] == len(ids) and summary["points"] == len(ids)
     whole = ChunkTrainer(chunk, accelerated=accelerated).run()

@@ -155,7 +155,7 @@ def test_the_docs_index_lists_every_page():
 
 def test_spec_reference_says_which_axes_share_a_chunk():
     # issue 26: it said "any other axis splits chunks:" and then listed the keys that do not
-    from phasesweep.pipeline.grid._grid import MEMBER_FIELDS, expand, make_chunks
+    from phasesweep.pipeline.grid import MEMBER_FIELDS, expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     text = (DOCS / "reference" / "spec.md").read_text()

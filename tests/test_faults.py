@@ -19,11 +19,13 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, group_tag
-from phasesweep.pipeline.run._driver import HOLD_ENV, PROGRESS_EVERY
+import trial_faults
+from phasesweep.pipeline.grid import expand, group_tag
 from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER
-from phasesweep.pipeline.spec import load_spec
+from phasesweep.pipeline.run._trial import PROGRESS_EVERY
+from phasesweep.pipeline.spec import load_spec_and_raw
 from phasesweep.storage.schema import log_steps, to_table
+from trial_faults import HOLD_ENV
 
 #: Subprocess timeouts: Ray starts slowly on a loaded machine.
 TIMEOUT = 600
@@ -53,7 +55,7 @@ def _raw(store: Path, table: str, sweep: str):
 def assert_each_point_once(store: Path, spec: Path, overrides=()) -> None:
     """Raw ``runs``: one completed row per grid point, no other rows; raw trajectories and
     layers: every logged step (and layer) of every point exactly once."""
-    sweep, _ = load_spec(spec, list(overrides))
+    sweep, _ = load_spec_and_raw(spec, list(overrides))
     points = expand(sweep)
     runs = _raw(store, "runs", sweep.name)
     assert Counter(runs.run_id) == {p.run_id: 1 for p in points}
@@ -204,7 +206,7 @@ def _held(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     machine is (else a slow second trial may start only after the first chunk ended)."""
     hold = tmp_path / "hold"
     hold.touch()
-    return {**env, HOLD_ENV: str(hold)}
+    return {**env, **trial_faults.env(**{HOLD_ENV: str(hold)})}
 
 
 def _started(store: Path, n: int) -> bool:
@@ -276,14 +278,14 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
 
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):
-    from phasesweep.pipeline.grid._grid import Chunk
-    from phasesweep.pipeline.run._driver import train_and_store
+    from phasesweep.pipeline.grid import Chunk
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.storage import Store
     from phasesweep.storage._claims import Claims
 
     store = Store.open(str(tmp_path / "store"))
     spec = tiny_spec()
-    points = tuple(expand(load_spec(spec)[0]))
+    points = tuple(expand(load_spec_and_raw(spec)[0]))
     chunk = Chunk("c", points)
     group = group_tag(points[0].config)  # claims are per group of shapes
     other, _ = Claims(store, "tiny", group=group).acquire([p.run_id for p in points[:2]])
@@ -304,7 +306,7 @@ def test_a_launch_waits_for_points_another_holds_and_trains_them_when_it_lets_go
 
     store = tmp_path / "store"
     spec = tiny_spec()
-    points = expand(load_spec(spec)[0])
+    points = expand(load_spec_and_raw(spec)[0])
     held = {p.run_id for p in points[:2]}
     claims = Claims(Store.open(str(store)), "tiny", group=group_tag(points[0].config))
     lease, _ = claims.acquire(held)  # a live other launch

@@ -21,8 +21,8 @@ from matplotlib import pyplot as plt
 from matplotlib.contour import ContourSet
 from phasesweep.analysis import draw, report
 from phasesweep.analysis._plotting import open_sweep, plots_for
-from phasesweep.pipeline.grid._grid import expand, make_chunks
-from phasesweep.pipeline.spec import load_spec
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.spec import load_spec_and_raw
 from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.storage import Store, open_catalog
 
@@ -115,7 +115,7 @@ def train_into_store(root: Path, sweep: str, overrides: list[str]) -> tuple[Stor
     is stored as ``phasesweep run`` stores it (the resolved YAML), under the file's own
     leading comment block."""
     path = SWEEPS / f"{sweep}.yaml"
-    spec, raw = load_spec(path, overrides)
+    spec, raw = load_spec_and_raw(path, overrides)
     store = Store.open(str(root))
     for chunk in make_chunks(expand(spec), spec):
         store.write_chunk(spec.name, chunk.chunk_id, train_chunk(chunk))

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from phasesweep.pipeline.grid._grid import (
-    axis_size,
-    expand,
-    grid_size,
-    iter_points,
-    make_chunks,
-    run_id_of,
-)
+from phasesweep.pipeline._axes import axis_size
+from phasesweep.pipeline.grid import expand, grid_size, iter_points, make_chunks, run_id_of
 from phasesweep.pipeline.spec import SpecError, validate_spec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spec(grid, **extra):
@@ -96,7 +94,7 @@ def test_chunks_group_equal_shapes_and_respect_the_size_limit():
 
 def _naive_expand(spec):
     """Reference: every combination validated as a whole RunConfig, repeats dropped by run_id."""
-    from phasesweep.pipeline.grid._grid import axis_path, axis_values
+    from phasesweep.pipeline._axes import axis_path, axis_values
     from phasesweep.pipeline.spec import RunConfig
 
     axes = [(a, axis_path(a), list(axis_values(a, v))) for a, v in spec.grid.items()]
@@ -132,7 +130,7 @@ MIXED_GRIDS = [
 def test_streamed_expansion_matches_a_naive_loop(monkeypatch, grid, eager):
     """Same points, order, coords and configs as validating every combination whole;
     also when every section is validated lazily (as large sections are)."""
-    import phasesweep.pipeline.grid._grid as grid_mod
+    import phasesweep.pipeline.grid._section_options as grid_mod
 
     spec = _spec(grid)
     if not eager:
@@ -313,3 +311,102 @@ def test_status_of_a_stored_huge_grid_counts_without_expanding(tmp_path, capsys,
     assert peak < 8 * 2**20, peak
     assert main(["status", "huge", "--store", store.uri]) == 0
     assert "7 of 100000000 points done, 99999993 remaining" in capsys.readouterr().out
+
+
+#: The spec (its public module and the private ones it is built from) and the grid, by file.
+SPEC_AND_GRID = [
+    "pipeline/spec.py",
+    "pipeline/_[!_]*.py",
+    "pipeline/grid/*.py",
+    "pipeline/data/*.py",
+]
+
+
+def _our_imports(source: str, module: str, is_package: bool = False) -> set[str]:
+    """The modules of ours that ``source`` (the module ``module``) imports anywhere: at the
+    top, inside functions and under ``if TYPE_CHECKING:`` (``from a import b`` names
+    ``a.b`` where b is a module)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            for a in node.names:
+                name = f"{base}.{a.name}"
+                found.add(name if _file_of(name) else base)
+    return {m for m in found if m.startswith("phasesweep.")}
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(["phasesweep", *(rel[:-1] if rel[-1] == "__init__" else rel)])
+
+
+def _file_of(module: str) -> Path | None:
+    rel = Path(*module.split(".")[1:])
+    for path in (ROOT / rel.with_suffix(".py"), ROOT / rel / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (module -> the modules it imports), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_spec_imports_nothing_of_the_grid_and_no_cycle_joins_them():
+    """spec -> (axes, sections, the user's files) <- grid <- horizon: the grid expands the
+    spec, the spec never reaches up into the grid (not even inside a function or for type
+    checking), and the modules of both import each other in no cycle."""
+    files = sorted({p for pattern in SPEC_AND_GRID for p in ROOT.glob(pattern)})
+    graph = {
+        _module_of(p): _our_imports(p.read_text(), _module_of(p), p.name == "__init__.py")
+        for p in files
+    }
+    spec = "phasesweep.pipeline.spec"
+    assert {spec, "phasesweep.pipeline._axes", "phasesweep.pipeline.grid._horizon"} <= set(graph)
+    assert _cycle(graph) is None, _cycle(graph)
+    below_grid = [m for m in graph if not m.startswith("phasesweep.pipeline.grid")]
+    assert [(m, n) for m in below_grid for n in graph[m] if ".pipeline.grid" in n] == []
+    # the check sees an import inside a function: this one (the former spec's) closes a cycle
+    inside = "def f():\n    from phasesweep.pipeline.grid._horizon import check_at_time\n"
+    assert _cycle({**graph, spec: graph[spec] | _our_imports(inside, spec)}) is not None
+
+
+def test_the_pipelines_load_spec_is_its_former_name_of_load_spec_and_raw():
+    """``phasesweep.pipeline.load_spec`` (kept for compatibility) returns the spec and its
+    raw dict, as ``load_spec_and_raw`` says; ``phasesweep.load_spec`` returns the spec."""
+    from phasesweep.pipeline import spec
+
+    import phasesweep
+    from phasesweep import pipeline
+
+    assert pipeline.load_spec is spec.load_spec is spec.load_spec_and_raw
+    sweep, raw = pipeline.load_spec(ROOT / "sweeps/quickstart.yaml", ["train.steps=7"])
+    assert raw["train"]["steps"] == 7
+    assert sweep == phasesweep.load_spec(ROOT / "sweeps/quickstart.yaml", ["train.steps=7"])

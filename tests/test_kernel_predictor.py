@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
 from torch.func import functional_call, jacrev

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 from phasesweep.pipeline.data._datasets import data_seed, make_dataset
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.pipeline.train import _trainer
 from phasesweep.pipeline.train._init import init_params

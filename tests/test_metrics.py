@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.pipeline.data._datasets import data_seed, make_dataset
-from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.pipeline.train._init import init_params
 from phasesweep.pipeline.train._models import EnsembleMLP, Params

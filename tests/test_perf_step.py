@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.pipeline import activations
-from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.pipeline.train._models import (
     CPU_BLOCK_BYTES,

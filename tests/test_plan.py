@@ -9,22 +9,23 @@ import tracemalloc
 
 import pytest
 import yaml
-from phasesweep.pipeline.grid import _grid
-from phasesweep.pipeline.grid._grid import (
+from phasesweep.pipeline.grid import (
     Grid,
+    _cost,
     chunk_members,
     expand,
     group_tag,
     make_chunks,
+    shape_key,
     tagged,
 )
-from phasesweep.pipeline.run._driver import stored_reads
 from phasesweep.pipeline.run._plan import (
     ChunkTask,
     expand_task,
     plan_chunks,
     plan_stored,
 )
+from phasesweep.pipeline.run._trial import stored_reads
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.storage import Store
 from test_grid import MIXED_GRIDS, _naive_expand
@@ -55,7 +56,7 @@ def test_every_point_is_in_exactly_one_chunk_with_todays_run_ids(grid, max_chunk
         assert (p.coords, p.config) == by_id[p.run_id]
     for t in tasks:
         chunk = expand_task(g, t)
-        assert len({_grid.shape_key(p.config) for p in chunk.points}) <= 1
+        assert len({shape_key(p.config) for p in chunk.points}) <= 1
         assert all(group_tag(p.config) == t.chunk_id[:8] for p in chunk.points)
         assert max_chunk is None or t.size <= max_chunk
     assert len({t.chunk_id for t in tasks}) == len(tasks)
@@ -239,14 +240,14 @@ def test_cpu_chunks_of_brief_trainings_hold_about_a_second_of_work():
         config = base.model_copy(update={"train": train})
         return chunk_members(config, spec.execution.model_copy(update=execution))
 
-    flops = _grid.flops_per_step(base)
+    flops = _cost.flops_per_step(base)
     assert flops == 6 * 64 * (10 * 16 + 16 * 1)
-    assert members(10**4) == _grid.CPU_CHUNK_MEMBERS
+    assert members(10**4) == _cost.CPU_CHUNK_MEMBERS
     brief = members(100)
-    assert brief == int(_grid.CPU_CHUNK_WORK // (flops * 100)) > _grid.CPU_CHUNK_MEMBERS
-    assert members(1) == 2**30 // _grid.member_bytes(base) < _grid.CPU_CHUNK_MAX_MEMBERS
-    assert members(1, memory_budget_mb=4096) == _grid.CPU_CHUNK_MAX_MEMBERS
-    assert members(100, memory_budget_mb=100) == 100 * 2**20 // _grid.member_bytes(base) < brief
+    assert brief == int(_cost.CPU_CHUNK_WORK // (flops * 100)) > _cost.CPU_CHUNK_MEMBERS
+    assert members(1) == 2**30 // _cost.member_bytes(base) < _cost.CPU_CHUNK_MAX_MEMBERS
+    assert members(1, memory_budget_mb=4096) == _cost.CPU_CHUNK_MAX_MEMBERS
+    assert members(100, memory_budget_mb=100) == 100 * 2**20 // _cost.member_bytes(base) < brief
     assert members(100, max_chunk_size=300) == 300
 
 
@@ -316,7 +317,7 @@ def test_task_bitmask():
 def test_a_layout_is_told_by_its_chunk_ids():
     """Chunks of one plan of a group share their first LAYOUT_LEN digits and differ after;
     another chunk size or other member values give another layout tag."""
-    from phasesweep.pipeline.grid._grid import LAYOUT_LEN
+    from phasesweep.pipeline.grid import LAYOUT_LEN
 
     spec = _spec({"width": [8, 16], "seed": {"range": [0, 9]}}, execution={"max_chunk_size": 4})
     tasks = plan_chunks(Grid(spec))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from phasesweep.pipeline.grid._grid import Grid
-from phasesweep.pipeline.run._driver import train_and_store
+from phasesweep.pipeline.grid import Grid
 from phasesweep.pipeline.run._plan import expand_task, plan_chunks, plan_stored
+from phasesweep.pipeline.run._trial import train_and_store
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.storage import Store
 

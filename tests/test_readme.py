@@ -72,13 +72,13 @@ def quickstart_left(tmp_path):
     import numpy as np
     import pyarrow as pa
     from phasesweep.analysis._calibration import synthetic_sweep
-    from phasesweep.pipeline.grid._grid import expand
-    from phasesweep.pipeline.spec import load_spec
+    from phasesweep.pipeline.grid import expand
+    from phasesweep.pipeline.spec import load_spec_and_raw
     from phasesweep.storage import Store
 
     (tmp_path / "sweeps").symlink_to(README.parent / "sweeps")
     path = tmp_path / "sweeps" / "quickstart.yaml"
-    spec, _ = load_spec(path)
+    spec, _ = load_spec_and_raw(path)
     points = expand(spec)
     axes = {a: sorted({p.coords[a] for p in points}) for a in ("init_scale", "width", "seed")}
     tables = synthetic_sweep(

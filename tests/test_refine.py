@@ -161,7 +161,7 @@ def test_synthetic_refinement_store_table_and_child_sweep(synth_store, tmp_path)
 
     spec = validate_spec(parse_yaml(synth_store.read_spec(child)))
     assert spec.parent == "synth" and spec.name == child
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
 
     assert set(trained) <= {p.run_id for p in expand(spec)}  # every refined point is a grid point
     # a second refine finds nothing to do and trains nothing
@@ -175,7 +175,7 @@ def test_default_tol_is_four_halvings_on_a_log_spaced_grid(tmp_path, monkeypatch
     four times (0.015625) was judged too wide: a fifth halving, 30 runs instead of 24 on
     three lines of two seeds."""
     import phasesweep.pipeline.train._trainer as trainer
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
+    from phasesweep.pipeline.grid import expand, make_chunks
     from phasesweep.pipeline.spec import validate_spec
 
     crossings = {16: -0.43, 32: 0.13, 64: 0.31}  # inside the range, off bisection points
@@ -274,9 +274,10 @@ def test_a_training_failure_fails_the_batch_and_the_next_refine_retries_it(synth
     trained = syn.trained(log)
     assert len(trained) == len(set(trained)) == 16
     _check_boundaries(synth_store)
-    from phasesweep.pipeline.refine._refine import open_study, plan
+    from phasesweep.pipeline.refine._refine import plan_refinement
 
-    with open_study(plan(synth_store, "synth", "final_train_loss", syn.LEVEL)) as (study, *_):
+    p = plan_refinement(synth_store, "synth", "final_train_loss", syn.LEVEL)
+    with p.study() as (study, *_):
         trials = study.get_trials()
     states = Counter(t.state for t in trials)
     assert states == {TrialState.COMPLETE: 8, TrialState.FAIL: 2}
@@ -322,9 +323,10 @@ def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
     assert len(trained) == len(set(trained)) == 16
     _check_boundaries(synth_store)
     # the dead process's trials were finished, not asked again: 8 trials, all complete
-    from phasesweep.pipeline.refine._refine import open_study, plan
+    from phasesweep.pipeline.refine._refine import plan_refinement
 
-    with open_study(plan(synth_store, "synth", "final_train_loss", syn.LEVEL)) as (study, *_):
+    p = plan_refinement(synth_store, "synth", "final_train_loss", syn.LEVEL)
+    with p.study() as (study, *_):
         states = Counter(t.state for t in study.get_trials())
     assert states == {TrialState.COMPLETE: 8}
 
@@ -403,8 +405,8 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     from matplotlib import pyplot as plt
     from phasesweep.analysis._boundaries import BOUNDARY_COLOR, boundaries_frame, draw_boundaries
     from phasesweep.analysis.figures import phase_diagram_figure
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
-    from phasesweep.pipeline.run._driver import train_and_store
+    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
     raw = dict(TINY_REAL, grid={"width": [8, 32], "init_scale": [0.1, 0.3, 1.0], "seed": [0, 1]})
@@ -476,15 +478,15 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
 def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noqa: F811
     """On an object store the journal lives in the store (a copy per batch): a second
     refine, starting from a fresh local copy, goes on from the first one's trials."""
-    from phasesweep.pipeline.refine._refine import open_study, plan
+    from phasesweep.pipeline.refine._refine import plan_refinement
 
     syn.make_parent(s3_store)
     log = str(tmp_path / "trained.log")
     assert syn.run(s3_store.uri, log, budget=6).trained == 6
     child = child_name("synth", "final_train_loss")
     assert s3_store.fs.exists(f"{s3_store.root}/refine/sweep={child}/journal.log")
-    p = plan(s3_store, "synth", "final_train_loss", syn.LEVEL)
-    with open_study(p) as (study, *_):
+    p = plan_refinement(s3_store, "synth", "final_train_loss", syn.LEVEL)
+    with p.study() as (study, *_):
         assert Counter(t.state for t in study.get_trials()) == {TrialState.COMPLETE: 3}
     assert syn.run(s3_store.uri, log).trained == 10
     trained = syn.trained(log)
@@ -494,8 +496,8 @@ def test_refine_on_s3_keeps_the_journal_in_the_store(s3_store, tmp_path):  # noq
 
 def test_cli_refine_trains_its_batches_on_ray(tmp_path, phasesweep_cli, shared_ray):
     """The command's default path: every batch is a Ray Tune run of ensemble chunks."""
-    from phasesweep.pipeline.grid._grid import expand, make_chunks
-    from phasesweep.pipeline.run._driver import train_and_store
+    from phasesweep.pipeline.grid import expand, make_chunks
+    from phasesweep.pipeline.run._trial import train_and_store
     from phasesweep.pipeline.spec import validate_spec
 
     raw = dict(TINY_REAL, grid={"width": [8], "init_scale": [0.1, 1.0], "seed": [0, 1]})
@@ -519,7 +521,7 @@ def test_benchmark_design_meets_its_run_target_and_fits_a_known_exponent(monkeyp
     """The full benchmark's grids (no training): refine's runs when every line bisects
     its coarse decade down to the dense spacing are <= 10 % of the dense grid's; the
     exponent fit recovers a known power law."""
-    from phasesweep.pipeline.grid._grid import expand
+    from phasesweep.pipeline.grid import expand
     from phasesweep.pipeline.spec import validate_spec
 
     monkeypatch.syspath_prepend(str(HERE.parent))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
 

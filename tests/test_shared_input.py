@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from phasesweep.pipeline.data._datasets import Dataset, stack
-from phasesweep.pipeline.grid._grid import Chunk, expand, make_chunks
+from phasesweep.pipeline.grid import Chunk, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.pipeline.train._models import (
     SHARED_MIN_BLOCK,

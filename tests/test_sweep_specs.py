@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from phasesweep.pipeline.grid._grid import expand, make_chunks
-from phasesweep.pipeline.spec import load_spec
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.spec import load_spec_and_raw
 from sweep_runner import SWEEPS
 
 FILES = sorted(SWEEPS.glob("*.yaml"))
@@ -27,7 +27,7 @@ def test_every_phenomenon_has_a_sweep():
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_sweep_validates_and_expands(path):
-    spec, raw = load_spec(path)
+    spec, raw = load_spec_and_raw(path)
     assert spec.name == path.stem
     points = expand(spec)
     assert len(points) >= 2
@@ -63,7 +63,7 @@ def test_sweep_header_states_phenomenon_outcome_and_run_time(path):
     ],
 )
 def test_overrides_apply_like_set(name, overrides):
-    spec, _ = load_spec(SWEEPS / f"{name}.yaml", overrides)
+    spec, _ = load_spec_and_raw(SWEEPS / f"{name}.yaml", overrides)
     points = expand(spec)
     assert points
     for text in overrides:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from conftest import TINY_SPEC
 from phasesweep.analysis._calibration import logged_times, synthetic_sweep
-from phasesweep.pipeline.grid._grid import expand, flops_per_step, make_chunks, member_lr
+from phasesweep.pipeline.grid import expand, flops_per_step, make_chunks, member_lr
 from phasesweep.pipeline.run._driver import failed_runs_table
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.pipeline.train._trainer import train_chunk

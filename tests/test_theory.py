@@ -25,7 +25,7 @@ import pytest
 import torch
 from phasesweep.analysis._calibration import two_layer_escape_time
 from phasesweep.pipeline.data._datasets import DataBatch
-from phasesweep.pipeline.grid._grid import Chunk, Point, expand, make_chunks
+from phasesweep.pipeline.grid import Chunk, Point, expand, make_chunks
 from phasesweep.pipeline.spec import ModelConfig, validate_spec
 from phasesweep.pipeline.train._init import init_params
 from phasesweep.pipeline.train._models import EnsembleMLP, Params

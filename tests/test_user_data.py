@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from phasesweep.pipeline.grid._grid import expand, make_chunks
+from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import SpecError, validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
 

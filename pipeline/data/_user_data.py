@@ -27,6 +27,7 @@ import functools
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -207,3 +208,22 @@ def codim_basis(basis: np.ndarray) -> np.ndarray:
     """(d, d − d_x) orthonormal basis of the orthogonal complement of ``basis`` (d, d_x)."""
     _, _, vh = np.linalg.svd(basis.T, full_matrices=True)
     return vh[basis.shape[1] :].T
+
+
+def user_file_path(
+    raw: Any, selector: tuple[str, str], path_key: str, sha_key: str, what: str
+) -> str | None:
+    """The file path of a section that reads the researcher's own files (``init: file``,
+    ``data.kind: arrays``); None when ``selector`` does not pick that mode (its path and
+    hash keys must then be absent)."""
+    if not isinstance(raw, dict):
+        return None
+    key, value = selector
+    if raw.get(key) != value:
+        if raw.get(path_key) is not None or raw.get(sha_key) is not None:
+            raise ValueError(f"{path_key} and {sha_key} apply to {what} only")
+        return None
+    path = raw.get(path_key)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what} needs {path_key} (a .npz file or a directory)")
+    return path

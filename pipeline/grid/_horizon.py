@@ -2,7 +2,7 @@
 that ``analysis.at_time`` lies within the grid's reach.
 
 A run's clock is ``t = Σ_{k<steps} η_k`` (:mod:`pipeline.train._trainer`). With the scaled
-learning rate η = :func:`~pipeline.grid._grid.member_lr` the final time is
+learning rate η = :func:`~pipeline.grid._lr.member_lr` the final time is
 
 - ``constant``: ``steps · η``;
 - ``cosine`` (η_k = η (m + (1 − m) (1 + cos(πk/steps)) / 2), m = ``lr_min_frac``):
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 from phasesweep.analysis.config import REACH_RTOL, reached_time
-from phasesweep.pipeline.grid._grid import axis_path, axis_size, member_lr
+from phasesweep.pipeline._axes import axis_path, axis_size
+from phasesweep.pipeline.grid._lr import member_lr
 from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec
 from pydantic import BaseModel, ValidationError
 

@@ -16,18 +16,16 @@ Storage, all in the parent's store:
   with a deterministic ``run_id``, and the store's done run_ids are the truth of what
   is trained;
 - the Optuna study (one per metric, level and axis) is an append-only journal,
-  ``refine/sweep=<child>/journal.log``. On an object store it is copied to a local file
-  at the start and written back after every ask and every tell;
+  ``refine/sweep=<child>/journal.log`` (:mod:`pipeline.refine._study`);
 - the ``boundaries`` table (partition: the child sweep) is rewritten after every batch
   from the store and the journal.
 
-Resume and concurrency: trials record their owner process. A process that asks holds
-a lock file beside the journal (local stores), so two refines of one sweep never
-propose the same point; a trial whose owner died on this host (killed refine) is
-adopted by the next refine, which trains what the store lacks of it and tells it.
-On an object store there is no lock: run one refine per sweep at a time there. An owner
-on another host is taken to be alive (it cannot be checked from here), so a refine
-that died there leaves its points pending until it is resumed on that host.
+Resume and concurrency: trials record their owner process, and asking is locked
+(:mod:`pipeline.refine._study`), so two refines of one sweep never propose the same
+point; a trial whose owner died on this host (killed refine) is adopted by the next
+refine, which trains what the store lacks of it and tells it. An owner on another host
+is taken to be alive, so a refine that died there leaves its points pending until it is
+resumed on that host.
 Refines of one metric at different levels (or axes) share the child sweep, so they
 reuse each other's runs; their ``boundaries`` rows share its partition, rewritten
 whole: two of them at the same time may drop each other's rows (a rerun restores them).
@@ -39,13 +37,9 @@ import contextlib
 import copy
 import json
 import math
-import os
-import shutil
-import socket
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +48,9 @@ import optuna
 import pandas as pd
 import pyarrow as pa
 import yaml
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
-from phasesweep.pipeline.grid._grid import Point, axis_path, expand, make_chunks
+from phasesweep.pipeline._axes import axis_path
+from phasesweep.pipeline.grid import Point, expand, make_chunks
 from phasesweep.pipeline.refine._levelset import (
     LINE,
     LevelSetSampler,
@@ -66,6 +59,7 @@ from phasesweep.pipeline.refine._levelset import (
     coord,
     crossing,
 )
+from phasesweep.pipeline.refine._study import open_study, owner_alive, owner_id
 from phasesweep.pipeline.spec import SHORT_NAMES, SpecError, parse_yaml, validate_spec
 from phasesweep.storage import Store, open_catalog, schema
 
@@ -122,7 +116,7 @@ def final_values(store: Store, sweeps: Sequence[str], metric: str) -> dict[str, 
 
 
 @dataclass
-class Plan:
+class Refinement:
     """A validated refinement: the parent's grid split into lines, the child, the study.
 
     ``points[line][x]`` are the parent's points of a line at axis value ``x`` (one per
@@ -194,8 +188,12 @@ class Plan:
         """The search coordinate of an axis value (log10 on a log axis)."""
         return coord(x, self.log)
 
+    def study(self) -> contextlib.AbstractContextManager[tuple[optuna.Study, Any, Any]]:
+        """:func:`~pipeline.refine._study.open_study` of this refinement's study."""
+        return open_study(self.store, self.child, self.study_name, self.sampler())
 
-def plan(
+
+def plan_refinement(
     store: Store,
     sweep: str,
     metric: str,
@@ -205,7 +203,7 @@ def plan(
     budget: int | None = None,
     tol: float | None = None,
     per_line: int = 1,
-) -> Plan:
+) -> Refinement:
     """Validate a refinement against the stored parent; raises :class:`SpecError`
     naming the argument. Reads only."""
     if budget is not None and budget < 1:
@@ -265,7 +263,7 @@ def plan(
         tol = min(b - a for a, b in zip(us, us[1:])) / 16
     elif not tol > 0:
         raise SpecError("--tol", tol, "must be > 0", what="argument")
-    result = Plan(
+    result = Refinement(
         store=store,
         parent=sweep,
         child=child_name(sweep, metric),
@@ -316,87 +314,6 @@ def plan(
     return result
 
 
-# ----------------------------------------------------------------------------- journal
-
-
-def _owner_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
-
-
-def _start_ticks(pid: int) -> str:
-    """The process's start time in clock ticks since boot (Linux), '' elsewhere: with the
-    pid it names a process uniquely, pid reuse included."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def owner_alive(owner: str | None) -> bool:
-    """Whether the process that owns a trial may still be running.
-
-    An owner on this host is alive iff a process with its pid and start time exists; an
-    owner on another host is assumed alive (it cannot be checked from here).
-    """
-    if not owner:
-        return False
-    host, pid, ticks = owner.rsplit(":", 2)
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not ticks or _start_ticks(int(pid)) == ticks
-
-
-@contextlib.contextmanager
-def open_study(p: Plan) -> Iterator[tuple[optuna.Study, Any, Any]]:
-    """(study, lock, sync): the plan's study on its journal; ``lock()`` is a context
-    manager around asking, ``sync()`` writes the journal back (object stores).
-    Creates the journal's directory (local) or a temporary copy (object stores)."""
-    store = p.store
-    remote = f"{store.root}/refine/sweep={p.child}/journal.log"
-    tmp = None
-    if store.is_local:
-        os.makedirs(os.path.dirname(remote), exist_ok=True)
-        path = remote
-    else:
-        tmp = tempfile.mkdtemp(prefix="phasesweep-refine-")
-        path = os.path.join(tmp, "journal.log")
-        if store.fs.exists(remote):
-            store.fs.get_file(remote, path)
-
-    def sync() -> None:
-        if tmp is not None:
-            with open(path, "rb") as f:
-                store.put(remote, f.read())
-
-    @contextlib.contextmanager
-    def lock() -> Iterator[None]:
-        guard = JournalFileOpenLock(path + ".ask")
-        guard.acquire()
-        try:
-            yield
-        finally:
-            guard.release()
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
-    try:
-        study = optuna.create_study(
-            study_name=p.study_name, storage=storage, sampler=p.sampler(), load_if_exists=True
-        )
-        yield study, lock, sync
-    finally:
-        sync()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -416,7 +333,7 @@ def _runs_used(study: optuna.Study, n_seeds: int) -> int:
     return len(live) * n_seeds
 
 
-def _claim(p: Plan, study: optuna.Study, me: str) -> list[int]:
+def _claim(p: Refinement, study: optuna.Study, me: str) -> list[int]:
     """Under the lock: adopt trials of dead owners, then ask this batch. Trial numbers."""
     sampler: LevelSetSampler = study.sampler
     mine = []
@@ -438,7 +355,7 @@ def _claim(p: Plan, study: optuna.Study, me: str) -> list[int]:
     return mine
 
 
-def _store_child_spec(p: Plan, points: Sequence[Point]) -> None:
+def _store_child_spec(p: Refinement, points: Sequence[Point]) -> None:
     """Store the child's spec: the parent's, ``parent`` set, grid = every axis value of
     the child's points (the stored one's merged in), so it holds every trained point."""
     raw = copy.deepcopy(p.parent_raw)
@@ -456,10 +373,13 @@ def _store_child_spec(p: Plan, points: Sequence[Point]) -> None:
     p.store.write_spec(p.child, yaml.safe_dump(raw, sort_keys=False))
 
 
-def _train(p: Plan, points: Sequence[Point], address: str | None, use_ray: bool) -> tuple[int, int]:
+def _train(
+    p: Refinement, points: Sequence[Point], address: str | None, use_ray: bool
+) -> tuple[int, int]:
     """Train the points the store lacks as one ensemble chunk per tensor shape; returns
     (points trained, points failed)."""
-    from phasesweep.pipeline.run._driver import run_chunks, train_and_store
+    from phasesweep.pipeline.run._driver import run_chunks
+    from phasesweep.pipeline.run._trial import train_and_store
 
     done = p.store.done_run_ids(p.child)
     todo = [pt for pt in points if pt.run_id not in done]
@@ -505,12 +425,14 @@ def refine(
     refine proposes those points again and trains only what the store lacks.
     """
     store = store if isinstance(store, Store) else Store.open(store)
-    p = plan(store, sweep, metric, level, axis=axis, budget=budget, tol=tol, per_line=per_line)
+    p = plan_refinement(
+        store, sweep, metric, level, axis=axis, budget=budget, tol=tol, per_line=per_line
+    )
     log = log or (lambda msg: print(msg, file=sys.stderr))
     p.values.update(final_values(store, [p.child], metric))  # a resumed refinement's runs
     outcome = RefineOutcome(child=p.child)
-    me = _owner_id()
-    with open_study(p) as (study, lock, sync):
+    me = owner_id()
+    with p.study() as (study, lock, sync):
         while True:
             with lock():
                 mine = _claim(p, study, me)
@@ -561,7 +483,7 @@ def refine(
 # ----------------------------------------------------------------------------- table
 
 
-def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
+def boundary_rows(p: Refinement, study: optuna.Study | None = None) -> pd.DataFrame:
     """One ``boundaries`` row per line, from the parent's stored runs and the points of
     the study's finished trials (none without a study: the parent's grid alone)."""
     by_line = {k: {x: list(v) for x, v in d.items()} for k, d in p.points.items()}
@@ -612,11 +534,11 @@ def boundary_rows(p: Plan, study: optuna.Study | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _back(p: Plan, u: float) -> float:
+def _back(p: Refinement, u: float) -> float:
     return 10.0**u if p.log else u
 
 
-def _seed_crossings(p: Plan, by_x: dict[float, list[Point]]) -> list[float]:
+def _seed_crossings(p: Refinement, by_x: dict[float, list[Point]]) -> list[float]:
     """Each seed's own crossing (u): the first sign change of its values on the line,
     interpolated; seeds without one are left out."""
     states: dict[str, LineState] = {}
@@ -634,16 +556,13 @@ def _seed_crossings(p: Plan, by_x: dict[float, list[Point]]) -> list[float]:
     return out
 
 
-def write_boundaries(p: Plan, study: optuna.Study) -> pd.DataFrame:
+def write_boundaries(p: Refinement, study: optuna.Study) -> pd.DataFrame:
     """Rewrite the child's ``boundaries`` partition with this study's rows (rows of the
     child's other studies, other levels or axes, are kept)."""
     rows = boundary_rows(p, study)
     table = schema.to_table("boundaries", rows, len(rows))
-    old = p.store.files("boundaries", p.child)
-    if old:
-        import pyarrow.dataset as ds
-
-        prev = ds.dataset(old, filesystem=p.store.arrow_fs, format="parquet").to_table()
+    prev = p.store.read_analysis(p.child, "boundaries")
+    if prev.num_rows:
         prev_df = prev.to_pandas()
         same = (
             (prev_df["metric"] == p.metric)

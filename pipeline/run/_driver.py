@@ -1,46 +1,29 @@
 """Run a sweep's chunks as Ray Tune trials; the Parquet store keeps the results.
 
-Tune is the scheduler, not the results store: each trial trains one chunk,
-writes its tables to the store (atomically, ``runs`` last), and reports a few
-numbers. Tune keeps no checkpoints and its loggers are off; its experiment
-directory lives in a folder private to the launch (:func:`launch_folder`) that
-the launch removes at its end, or the next launch after a kill.
+Tune is the scheduler, not the results store: each trial trains one chunk
+(:mod:`pipeline.run._trial`), writes its tables to the store (atomically, ``runs``
+last), and reports a few numbers. Tune keeps no checkpoints and its loggers are off;
+its experiment directory lives in a folder private to the launch (:func:`launch_folder`)
+that the launch removes at its end, or the next launch after a kill.
 
 Ray: a private embedded instance unless ``--address`` or ``$RAY_ADDRESS`` names a
 cluster (:func:`pipeline.run._ray.connect`); an unreachable address fails within seconds.
 
-Exactly once: a trial claims its points in the store (:mod:`phasesweep.storage._claims`:
-exclusive create, leases renewed while it trains, taken over when the holder
-dies), re-reads the done run ids, trains only what it got and releases after its
-commit. A launch that finds points claimed by a live other launch waits for them
-and trains those whose holder died or stopped; a retried trial whose first attempt
-committed trains nothing.
+Exactly once: trials claim their points in the store (:mod:`phasesweep.storage._claims`).
+A launch that finds points claimed by a live other launch waits for them and trains
+those whose holder died or stopped. A kill loses at most
+``execution.commit_every_seconds`` of a chunk: a relaunch packs the same chunks (chunks
+of the whole grid, less stored points) and so finds their checkpoints.
 
-Bounded loss: the members of a chunk train in lock step and finish together, so a
-chunk cannot commit finished members early; instead the trial checkpoints the
-whole ensemble's state into the store every ``execution.commit_every_seconds`` of
-training (``checkpoints/sweep=NAME/CHUNK-MEMBERS.pt``, keyed by the exact point
-set) and whoever trains those points next resumes from it, bit for bit as if never
-stopped. A kill loses at most that interval of a chunk; a relaunch packs the same
-chunks (chunks of the whole grid, less stored points) and so finds the checkpoints.
-
-SIGINT (Ctrl-C): the launch writes a stop marker; its trials checkpoint, end and
+SIGINT (Ctrl-C): the launch sets its stop marker; its trials checkpoint, end and
 mark nothing failed; never-started trials end at once; the launch reports itself
 interrupted (exit 130). A second SIGINT stops at once.
-
-Progress: trials report their chunk's member-steps every :data:`PROGRESS_EVERY`
-seconds from the trainer's step hook (the hook reads the clock only every
-:data:`~phasesweep.pipeline.train._trainer.HOOK_EVERY` steps), so points done, member-steps
-per second and the ETA move during a chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import io
-import math
 import os
 import shutil
 import signal
@@ -49,40 +32,21 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from phasesweep.pipeline.grid._grid import (
-    GROUP_TAG_LEN,
-    LAYOUT_LEN,
-    Chunk,
-    Grid,
-    Point,
-    group_tag,
-    tagged,
-)
+from phasesweep.pipeline.grid import Chunk, Grid, Point, group_tag
 from phasesweep.pipeline.run._auth import private_folder
 from phasesweep.pipeline.run._plan import ChunkTask, expand_task
 from phasesweep.pipeline.run._progress import Progress
 from phasesweep.pipeline.run._ray import connect
-from phasesweep.pipeline.spec import RunConfig
+from phasesweep.pipeline.run._trial import chunk_trial, encode_chunks, stored_reads
 from phasesweep.pipeline.train._runs import runs_table
 from phasesweep.storage import Store
-from phasesweep.storage._claims import Claims, Renewer
-
-#: Environment variable naming run ids whose training raises (comma-separated, or
-#: ``*`` for all): a fault injector for testing retries and the ``failed`` status.
-FAULT_ENV = "PHASESWEEP_INJECT_FAILURE"
-#: Environment variable naming a file: while it exists, a trial that has just written a
-#: checkpoint waits there (still reporting progress and obeying a stop). A testing hook:
-#: it lets a fault test kill or interrupt a launch while several chunks are known to be
-#: mid-training, whatever the machine's load (without it, a loaded machine may start
-#: the second trial only after the first chunk has finished).
-HOLD_ENV = "PHASESWEEP_HOLD_AFTER_CHECKPOINT"
+from phasesweep.storage._claims import Claims
+from phasesweep.storage._stop import StopMarker
 
 
 @dataclass
@@ -99,277 +63,6 @@ class SweepOutcome:
     resumed: int = 0
     #: the launch was stopped by SIGINT (finished work kept, nothing marked failed).
     interrupted: bool = False
-
-
-def _encode(chunks: Sequence[Chunk]) -> list[tuple[str, list[tuple[str, str]]]]:
-    """Compact, picklable chunks: (chunk_id, [(run_id, config JSON), ...])."""
-    return [
-        (c.chunk_id, [(p.run_id, p.config.model_dump_json()) for p in c.points]) for c in chunks
-    ]
-
-
-def _decode(chunk_id: str, members: list[tuple[str, str]]) -> Chunk:
-    points = tuple(Point(rid, RunConfig.model_validate_json(cfg), {}) for rid, cfg in members)
-    return Chunk(chunk_id, points)
-
-
-def _inject_failure(run_ids: Sequence[str]) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
-    targets = {s for s in spec.split(",") if s}
-    if "*" in targets or targets.intersection(run_ids):
-        raise RuntimeError(f"{FAULT_ENV} injected a failure into this chunk")
-
-
-#: Seconds between a trial's progress reports during a chunk (read at the step hook).
-PROGRESS_EVERY = 2.0
-#: Seconds between a trial's looks for its launch's stop marker.
-STOP_POLL = 2.0
-
-
-class Stopped(Exception):
-    """The launch was interrupted: the trial checkpointed its chunk and stops."""
-
-
-def stop_path(store: Store, sweep: str, launch_id: str) -> str:
-    """The marker a launch writes when interrupted; its trials stop when they see it."""
-    return f"{store.root}/claims/sweep={sweep}/stop-{launch_id}"
-
-
-def checkpoint_path(store: Store, sweep: str, chunk_id: str, run_ids: Sequence[str]) -> str:
-    """Where a trial checkpoints the training of exactly these points of a chunk."""
-    members = hashlib.sha256(",".join(sorted(run_ids)).encode()).hexdigest()[:12]
-    return f"{store.root}/checkpoints/sweep={sweep}/{chunk_id}-{members}.pt"
-
-
-def _load_checkpoint(store: Store, path: str, device: str) -> dict | None:
-    """The checkpoint at ``path``, or None. Its tensors load onto the CPU whatever the
-    device that wrote it or the ``device`` that resumes: the trainer moves what trains to
-    its device and keeps the logged rows on the host (:meth:`ChunkTrainer.run`)."""
-    import torch
-
-    try:
-        data = store.fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-class _StepHook:
-    """The trainer's step hook in a trial: progress reports, checkpoints, stop.
-
-    Every ``commit_every`` seconds of training (and when the launch is interrupted)
-    the whole ensemble's state is written to the store, so a kill loses at most that
-    much training of the chunk: the next holder of its points resumes from there.
-    """
-
-    def __init__(
-        self, store: Store, checkpoint: str, stop: str, commit_every: float, report, members: int
-    ) -> None:
-        self.store, self.checkpoint, self.stop = store, checkpoint, stop
-        self.commit_every, self.report, self.members = commit_every, report, members
-        self.last_commit = self.last_report = self.last_poll = -math.inf
-
-    def stopped(self) -> bool:
-        return self.store.fs.exists(self.stop)
-
-    def __call__(self, k: int, state) -> None:  # noqa: ANN001
-        import torch
-
-        now = time.monotonic()
-        if self.last_commit == -math.inf:  # the first call: training has begun
-            self.last_commit = self.last_poll = now
-        if now - self.last_report >= PROGRESS_EVERY:
-            self.report({"member_steps": k * self.members})
-            self.last_report = now
-        stop = False
-        if now - self.last_poll >= STOP_POLL:
-            stop, self.last_poll = self.stopped(), now
-        if stop or now - self.last_commit >= self.commit_every:
-            buf = io.BytesIO()
-            torch.save(state(), buf)
-            self.store.put(self.checkpoint, buf.getvalue())
-            self.last_commit = time.monotonic()
-            stop = stop or self._hold(k)
-        if stop:
-            raise Stopped
-
-    def _hold(self, k: int) -> bool:
-        """Wait while the :data:`HOLD_ENV` file exists; True if the launch stopped meanwhile."""
-        hold = os.environ.get(HOLD_ENV)
-        while hold and os.path.exists(hold):
-            if self.stopped():
-                return True
-            if time.monotonic() - self.last_report >= PROGRESS_EVERY:
-                self.report({"member_steps": k * self.members})
-                self.last_report = time.monotonic()
-            time.sleep(0.2)
-        return False
-
-
-#: Seconds of slack between the plan's time stamp and the modification times of store
-#: files written by other hosts: a file of another layout changed less than this before
-#: the plan is read again by the trials. Twice the default lease TTL: hosts' clocks must
-#: agree to well within the TTL already (:mod:`phasesweep.storage._claims`).
-CLOCK_SLACK = 120.0
-
-
-def stored_reads(
-    group: str, chunk_id: str, planned_at: float | None
-) -> Callable[[str | None, float], bool]:
-    """Which ``runs`` files a trial of chunk ``chunk_id`` of ``group`` (the group tag of
-    its points) reads to find its stored points (a ``select`` for
-    :meth:`Store.done_among`): every file of its own chunk id; a file of another chunk
-    of its group, unless the plan made both (``planned_at`` given: a chunk id that shares
-    the first :data:`~pipeline.grid._grid.LAYOUT_LEN` digits with its own cuts the group the
-    same way, and holds none of its points); a file whose chunk id has no group tag
-    (older stores, compacted files). Files of other chunk ids older than ``planned_at``
-    (less :data:`CLOCK_SLACK`) are skipped: the plan read them and left their points
-    out of the chunk. ``planned_at`` None: explicit points, no plan: all of those are
-    read."""
-    layout = chunk_id[:LAYOUT_LEN] if planned_at is not None else None
-
-    def select(chunk: str | None, mtime: float) -> bool:
-        if chunk == chunk_id:
-            return True
-        if (
-            chunk is not None
-            and tagged(chunk)
-            and (chunk[:GROUP_TAG_LEN] != group or chunk[:LAYOUT_LEN] == layout)
-        ):
-            return False
-        return planned_at is None or mtime >= planned_at - CLOCK_SLACK
-
-    return select
-
-
-def train_and_store(
-    store_uri: str,
-    sweep: str,
-    chunk: Chunk,
-    device: str,
-    node_id: str | None = None,
-    *,
-    launch_id: str = "",
-    commit_every: float = 300.0,
-    report=lambda metrics: None,  # noqa: ANN001
-    planned_at: float | None = None,
-) -> dict[str, Any]:
-    """Train the chunk's members that the store does not hold and no one else is
-    training, and commit them.
-
-    Claims the points first (:mod:`phasesweep.storage._claims`, in the chunk's group),
-    then reads which of them the store holds, from the files that can hold them
-    (:func:`stored_reads`: its own chunk's, and other layouts' newer than ``planned_at``,
-    when the plan made the chunk; none of the rest of the sweep), resumes from a checkpoint of exactly these points if
-    one exists, checkpoints every ``commit_every`` seconds, stops (checkpointed) when the
-    launch's stop marker appears, and commits only the points it still owns.
-    ``report`` receives progress dicts during training. Returns the small summary a
-    Tune trial reports: ``points`` trained, ``skipped`` (stored already), ``busy``
-    (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
-    and ``interrupted``.
-    """
-    from phasesweep.pipeline.train._trainer import train_chunk
-
-    store = Store.open(store_uri)
-    summary = {"points": 0, "skipped": 0, "busy": 0, "diverged": 0, "interrupted": False}
-    stop = stop_path(store, sweep, launch_id)
-    if store.fs.exists(stop):
-        summary["interrupted"] = True
-        return summary
-    if not chunk.points:
-        return summary
-    group = group_tag(chunk.points[0].config)
-    claims = Claims(store, sweep, group=group)
-    lease, busy = claims.acquire(
-        [p.run_id for p in chunk.points], holder=f"launch {launch_id} chunk {chunk.chunk_id}"
-    )
-    try:
-        with Renewer(lease):
-            done = store.done_among(
-                sweep, lease.run_ids, stored_reads(group, chunk.chunk_id, planned_at)
-            )
-            mine = [p for p in chunk.points if p.run_id in lease.run_ids and p.run_id not in done]
-            summary.update(busy=len(busy), skipped=len(chunk.points) - len(mine) - len(busy))
-            if not mine:
-                return summary
-            ids = [p.run_id for p in mine]
-            _inject_failure(ids)
-            checkpoint = checkpoint_path(store, sweep, chunk.chunk_id, ids)
-            hook = _StepHook(store, checkpoint, stop, commit_every, report, len(mine))
-            started = time.perf_counter()
-            resume = _load_checkpoint(store, checkpoint, device)
-            summary["resumed"] = 0 if resume is None else len(mine)
-            try:
-                tables = train_chunk(
-                    Chunk(chunk.chunk_id, tuple(mine)),
-                    device,
-                    hook=hook,
-                    resume=resume,
-                    node_id=node_id,
-                )
-            except Stopped:
-                summary["interrupted"] = True
-                return summary
-            owned = lease.owned()  # a stall past the TTL may have lost points to another launch
-            if len(owned) < len(mine):
-                keep = pa.array(sorted(owned))
-                tables = {
-                    k: t.filter(pc.is_in(t.column("run_id"), keep)) for k, t in tables.items()
-                }
-                summary["busy"] += len(mine) - len(owned)
-            if tables["runs"].num_rows:
-                store.write_chunk(sweep, chunk.chunk_id, tables)
-            with contextlib.suppress(FileNotFoundError):
-                store.fs.rm_file(checkpoint)
-            status = tables["runs"].column("status").to_pylist()
-            summary.update(
-                points=len(status),
-                diverged=status.count("diverged"),
-                seconds=time.perf_counter() - started,
-            )
-            return summary
-    finally:
-        lease.release()
-
-
-def _trial(
-    config: dict[str, Any],
-    store_uri: str,
-    sweep: str,
-    grid: Grid | None,
-    planned_at: float | None,
-    launch_id: str,
-    commit_every: float,
-) -> None:
-    """Tune trainable: one chunk, ``config["chunk"]``: a :class:`ChunkTask` of ``grid``
-    (expanded here: the trial receives its own chunk only) or explicit points
-    (:func:`_encode`). Threads = the CPUs Ray gave this trial."""
-    import ray
-    import torch
-    from phasesweep.pipeline.train._device import trial_device
-    from ray import tune
-
-    assigned = ray.get_runtime_context().get_assigned_resources()
-    torch.set_num_threads(max(1, int(assigned.get("CPU", 1))))
-    device = str(trial_device(assigned))  # a GPU given and unusable: a clear error
-    _, item = config["chunk"]
-    if isinstance(item, ChunkTask):
-        chunk, plan = expand_task(grid, item), {"planned_at": planned_at}
-    else:
-        chunk, plan = _decode(*item), {}
-    node = ray.get_runtime_context().get_node_id()
-    summary = train_and_store(
-        store_uri,
-        sweep,
-        chunk,
-        device,
-        node,
-        launch_id=launch_id,
-        commit_every=commit_every,
-        report=tune.report,
-        **plan,
-    )
-    tune.report({**summary, "final": True})
 
 
 def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.Table:
@@ -490,7 +183,7 @@ class _Chunks:
     def trial_config(self, i: int) -> tuple[int, ChunkTask | tuple]:
         """What trial i receives (``config["chunk"]``): its index and its chunk."""
         item = self.items[i]
-        return i, item if isinstance(item, ChunkTask) else _encode([item])[0]
+        return i, item if isinstance(item, ChunkTask) else encode_chunks([item])[0]
 
     def unstored(self, store: Store, sweep: str, i: int) -> list[Point]:
         """Chunk i's points the store does not hold (read as its trial reads them)."""
@@ -504,7 +197,7 @@ class _Chunks:
         return [p for p in points if p.run_id not in done]
 
     def claims(self, store: Store, sweep: str, points: Sequence[Point]) -> Claims:
-        """The claims of these points' group (:func:`pipeline.grid._grid.group_tag`)."""
+        """The claims of these points' group (:func:`pipeline.grid._groups.group_tag`)."""
         return Claims(store, sweep, group=group_tag(points[0].config))
 
 
@@ -544,7 +237,7 @@ def run_chunks(
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours below stops trials cleanly
     connect(address)
     launch_id = uuid.uuid4().hex[:12]
-    stop = stop_path(store, sweep, launch_id)
+    stop = StopMarker.of(store, sweep, launch_id)
     work = _Chunks(chunks, grid, planned_at)
     bar = Progress(sweep, [work.size(i) for i in range(len(work))], skipped, total, progress)
 
@@ -552,7 +245,7 @@ def run_chunks(
         if outcome.interrupted:
             raise KeyboardInterrupt
         outcome.interrupted = True
-        store.put(stop, b"")
+        stop.set()
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
@@ -595,8 +288,7 @@ def run_chunks(
     finally:
         if main_thread:
             signal.signal(signal.SIGINT, previous)
-        with contextlib.suppress(FileNotFoundError):
-            store.fs.rm_file(stop)
+        stop.clear()
         bar.close()
     return outcome
 
@@ -643,7 +335,7 @@ def _fit(
 
     trainable = tune.with_resources(
         tune.with_parameters(
-            _trial,
+            chunk_trial,
             store_uri=store.uri,
             sweep=sweep,
             grid=work.grid,

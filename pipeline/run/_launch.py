@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from phasesweep.pipeline.grid._grid import (
+from phasesweep.pipeline._axes import axis_path, axis_values
+from phasesweep.pipeline.grid import (
     Chunk,
     Grid,
     Point,
-    axis_path,
-    axis_values,
+    check_at_time,
     flops_per_step,
     grid_size,
     member_bytes,
@@ -39,7 +39,7 @@ from phasesweep.pipeline.spec import (
     SweepSpec,
     apply_override,
     excerpt,
-    load_spec,
+    load_spec_and_raw,
     parse_override,
     parse_yaml,
     validate_spec,
@@ -58,7 +58,7 @@ def resolve_spec(source: SpecSource, overrides: Sequence[str] = ()) -> tuple[Swe
     Raises :class:`SpecError` (exit 2 in the CLI) naming the key and value.
     """
     if isinstance(source, str | Path):
-        return load_spec(source, list(overrides))
+        return load_spec_and_raw(source, list(overrides))
     if isinstance(source, SweepSpec):
         raw = source.model_dump(mode="json", exclude_none=True)
     elif isinstance(source, Mapping):
@@ -250,7 +250,7 @@ class Plan:
     tasks: list[ChunkTask]
     #: points of the grid the store held when the plan was made
     skipped: int
-    #: when the plan read the store (epoch seconds; see :func:`pipeline.run._driver.stored_reads`)
+    #: when the plan read the store (epoch seconds; see :func:`pipeline.run._trial.stored_reads`)
     planned_at: float
     #: the device memory one trial plans for (bytes): None for CPU trials
     device_memory: int | None = None
@@ -309,7 +309,7 @@ def plan_sweep(
     ``address`` is only used to count the cluster's trial slots (at least one chunk per
     concurrent trial, so no core idles on a small grid); None counts this machine's.
     With ``gpus_per_trial`` the chunks are sized for a GPU trial (see
-    :func:`~pipeline.grid._grid.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
+    :func:`~pipeline.grid._cost.chunk_members`): ``gpus_per_trial`` times one GPU's memory,
     ``device_memory`` GiB where given (see :func:`pipeline.run._resources.trial_resources`).
     Writes nothing. The grid's size is checked against ``execution.max_points`` before
     anything else. A spec that differs from the one stored for the same sweep name is
@@ -318,7 +318,7 @@ def plan_sweep(
     spec, raw = resolve_spec(source, overrides)
     store = as_store(store)
     raw = check_relaunch(store, spec, raw, extend)
-    spec.check_at_time()
+    check_at_time(spec)
     grid = Grid(spec)
     total = grid_size(spec)
     slots, memory = trial_resources(address, cpus_per_trial, gpus_per_trial, device_memory)

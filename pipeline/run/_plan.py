@@ -7,14 +7,14 @@ members. A trial expands its own task into points
 (:func:`expand_task`); the driver holds the tasks, O(chunks) in memory and time, so a
 10⁷-point grid plans in seconds.
 
-Chunk ids: a group tag (a hash of the group's shapes, :func:`pipeline.grid._grid.group_tag`),
+Chunk ids: a group tag (a hash of the group's shapes, :func:`pipeline.grid._groups.group_tag`),
 a layout tag (a hash of the member axes and of how many chunks the group is cut into,
 :func:`layout_tag`) and the chunk's index in its group. So the same chunk of the same
 grid has the same id on every relaunch (and its checkpoint is found), a chunk is found
 in the store by its id alone, and the chunks of one layout of a group partition it: a
 point is stored under its own chunk's id or under one of another layout (an extended
 grid, another chunk size or number of trials), which a trial tells from the id's first
-:data:`pipeline.grid._grid.LAYOUT_LEN` digits. :func:`plan_stored` reads which chunks the
+:data:`pipeline.grid._groups.LAYOUT_LEN` digits. :func:`plan_stored` reads which chunks the
 store already holds.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from phasesweep.pipeline.grid._grid import (
+from phasesweep.pipeline.grid import (
     GROUP_TAG_LEN,
     LAYOUT_LEN,
     Chunk,
@@ -82,7 +82,7 @@ def member_digest(grid: Grid) -> str:
 
 def layout_tag(digest: str, parts: int) -> str:
     """The 8 hex digits after the group tag of a planned chunk id: a group whose member
-    axes hash to ``digest``, cut into ``parts`` chunks (:data:`pipeline.grid._grid.LAYOUT_LEN`)."""
+    axes hash to ``digest``, cut into ``parts`` chunks (:data:`pipeline.grid._groups.LAYOUT_LEN`)."""
     return hashlib.sha256(f"{digest}:{parts}".encode()).hexdigest()[: LAYOUT_LEN - GROUP_TAG_LEN]
 
 
@@ -92,7 +92,7 @@ def plan_chunks(
     """The chunks of the whole grid, group by group, in grid order.
 
     Each group is cut into chunks of equal size (±1) of at most
-    :func:`pipeline.grid._grid.chunk_members` members (on the CPU, or on a GPU trial of
+    :func:`pipeline.grid._cost.chunk_members` members (on the CPU, or on a GPU trial of
     ``device_memory`` bytes), and into at least its share of ``min_chunks`` (e.g. the
     trials that run at once, so that every slot gets a chunk of a small grid). A group
     whose shapes equal an earlier group's (a split axis listing one value twice) repeats

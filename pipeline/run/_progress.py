@@ -57,7 +57,7 @@ class Progress:
     done, on a bar, a notebook widget or plain lines (see the module docstring).
 
     Trials report the member-steps of their chunk every
-    :data:`~phasesweep.pipeline.run._driver.PROGRESS_EVERY` seconds, so it moves during a
+    :data:`~phasesweep.pipeline.run._trial.PROGRESS_EVERY` seconds, so it moves during a
     chunk, not only at its end. ``sizes[i]``: chunk i's (members, steps per member).
     ``stream``: where the bar or the lines go (default ``sys.stderr``); ``clock``: seconds
     (default ``time.monotonic``).

@@ -2,7 +2,7 @@
 
 Chunks are planned for it (:func:`pipeline.run._plan.plan_chunks`): at least one chunk per
 trial slot, and on GPU trials as many members per chunk as the device memory holds
-(:func:`pipeline.grid._grid.chunk_members`).
+(:func:`pipeline.grid._cost.chunk_members`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from phasesweep.pipeline.grid._grid import step_flops
+from phasesweep.pipeline.grid import step_flops
 from phasesweep.pipeline.train._models import EnsembleMLP, Params, member_sq_norm, shares_input
 from torch import Tensor
 

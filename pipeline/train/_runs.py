@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from phasesweep.pipeline.grid._grid import Point, member_lr
+from phasesweep.pipeline.grid import Point, member_lr
 from phasesweep.pipeline.spec import RunConfig
 from phasesweep.storage.schema import to_table
 from pydantic import BaseModel

@@ -41,7 +41,7 @@ import pyarrow as pa
 import torch
 from phasesweep.pipeline.data._datasets import DataBatch, data_seed, make_datasets, stack
 from phasesweep.pipeline.data._seeding import derive_seed, permutations
-from phasesweep.pipeline.grid._grid import Chunk, member_lr, step_rows
+from phasesweep.pipeline.grid import Chunk, member_lr, step_rows
 from phasesweep.pipeline.train._device import accelerated as is_accelerated
 from phasesweep.pipeline.train._init import init_params
 from phasesweep.pipeline.train._linear_step import LinearStep, linear_step_applies
@@ -324,7 +324,7 @@ class _Timer:
 
 
 class ChunkTrainer:
-    """Trains one :class:`~pipeline.grid._grid.Chunk` as a vectorized ensemble.
+    """Trains one :class:`~pipeline.grid._chunks.Chunk` as a vectorized ensemble.
 
     ``device``: torch device for the whole chunk; ``node_id``: the Ray node training it
     (stored in ``runs``; None outside Ray). Construction draws data and initial weights

@@ -85,7 +85,7 @@ from collections.abc import Sequence
 
 import torch
 from phasesweep.pipeline.data._datasets import DataBatch
-from phasesweep.pipeline.grid._grid import step_flops, step_rows
+from phasesweep.pipeline.grid import step_flops, step_rows
 from phasesweep.pipeline.spec import PAIRED_KINDS, MetricsConfig, RunConfig
 from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params, member_sq_norm
 from phasesweep.pipeline.train.metrics._ntk import (
