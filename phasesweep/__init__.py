@@ -15,10 +15,11 @@ layer over one of these functions)::
     phasesweep.analyze("quickstart", "results")      # phasesweep analyze
     cells = phasesweep.phase_diagram("quickstart", "results")
     fig = phasesweep.draw("loss_curves", "results", "quickstart", ax=ax)
+    phasesweep.verify("quickstart", "results")       # phasesweep verify
 
 Importing :mod:`phasesweep` is cheap: torch, Ray, DuckDB and matplotlib load on first
 use of a function that needs them. The layout's folders are installed under this one
-name: :mod:`phasesweep.pipeline` (spec, grid, models, trainer, Ray driver, CLI),
+name: :mod:`phasesweep.pipeline` (spec, grid, models, trainer, Ray driver),
 :mod:`phasesweep.storage` (Parquet store, DuckDB catalog) and
 :mod:`phasesweep.analysis` (regimes, escape times, figures, report). The reference
 (spec keys, store columns, SQL cookbook, cluster use) is in ``docs/``.
@@ -51,16 +52,22 @@ if TYPE_CHECKING:
         StoreError,
         UnknownSweepError,
         analyze,
+        compact,
         connect,
+        execute,
         expand,
         load_spec,
         phase_diagram,
         plan,
         plot,
+        refine,
         report,
         run,
+        standing_address,
         status,
+        stop_standing,
         table,
+        verify,
     )
 else:
     from phasesweep._lazy import lazy_exports
@@ -73,6 +80,7 @@ __all__ = [
     "expand",
     "plan",
     "run",
+    "execute",
     "status",
     "connect",
     "table",
@@ -81,6 +89,11 @@ __all__ = [
     "plot",
     "report",
     "draw",
+    "refine",
+    "verify",
+    "compact",
+    "standing_address",
+    "stop_standing",
     "StoreError",
     "UnknownSweepError",
     "Plan",

@@ -5,7 +5,12 @@ Private module: use the names re-exported by :mod:`phasesweep`. Every function t
 None (``$PHASESWEEP_STORE``, else ``./results``), and reports bad input with the same
 exceptions the CLI turns into one-line errors with exit code 2: :class:`SpecError`
 (spec, override or argument), :class:`StoreError` (missing or unreachable store),
-:class:`UnknownSweepError` (a sweep the store does not hold) and ``duckdb.Error`` (SQL).
+:class:`UnknownSweepError` (a sweep the store does not hold) and ``duckdb.Error`` (SQL);
+:func:`input_errors` lists them.
+
+The command line (:mod:`phasesweep._cli`) imports nothing else of the package: what its
+commands need beyond the public functions is here too, below them (damaged files
+collected instead of warned about, the answer to ``phasesweep query``, leaving Ray).
 
 Concurrency: the store is the single source of truth and may be written while it is
 read. A connection or DataFrame is a snapshot of the files present when it was opened;
@@ -15,8 +20,11 @@ in other processes at the same time (see :class:`~phasesweep.storage.Store`).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +33,13 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     import pandas as pd
     import pyarrow as pa
     from phasesweep.pipeline.grid import Point
+    from phasesweep.pipeline.refine._refine import RefineOutcome
     from phasesweep.pipeline.run._driver import SweepOutcome
     from phasesweep.pipeline.run._launch import Plan, Status
     from phasesweep.pipeline.spec import SweepSpec
     from phasesweep.storage import Store
+    from phasesweep.storage._maintenance import Report
+    from phasesweep.storage._store import Damage
 
     SpecSource = str | Path | Mapping[str, Any] | SweepSpec
 
@@ -223,8 +234,6 @@ def run(
     twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
     another host dies; hosts' clocks must agree to well within that).
     """
-    from phasesweep.pipeline.run._launch import execute
-
     planned = plan(
         source,
         store,
@@ -236,6 +245,37 @@ def run(
     )
     return execute(
         planned,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        max_retries=max_retries,
+        progress=progress,
+    )
+
+
+def execute(
+    plan: Plan,
+    *,
+    address: str | None = None,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    max_retries: int = 2,
+    progress: bool = True,
+) -> SweepOutcome:
+    """Train a :class:`~phasesweep.Plan` made by :func:`plan`: store its spec, then train
+    its chunks (:func:`run` is ``execute(plan(...))``; ``phasesweep run`` shows the plan's
+    counts in between).
+
+    Give the ``address``, ``cpus_per_trial`` and ``gpus_per_trial`` the plan was made
+    with: its chunks are sized for them. ``max_retries``: retries of a failed trial
+    before its points are stored as failed; ``progress``: a bar, widget or periodic line
+    while training. Nothing is written when Ray cannot be reached (:class:`SpecError` on
+    ``address``). Returns a :class:`~phasesweep.SweepOutcome`.
+    """
+    from phasesweep.pipeline.run._launch import execute as execute_plan
+
+    return execute_plan(
+        plan,
         address=address,
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,
@@ -368,3 +408,179 @@ def report(
     from phasesweep import analysis
 
     return analysis.report(_sweep_store(sweep, store), sweep, out)
+
+
+def refine(
+    sweep: str,
+    store: Store | str | Path | None = None,
+    *,
+    metric: str,
+    level: float,
+    axis: str = "init_scale",
+    budget: int | None = None,
+    tol: float | None = None,
+    per_line: int = 1,
+    address: str | None = None,
+    use_ray: bool = True,
+) -> RefineOutcome:
+    """Find where ``metric`` (a ``trajectories`` or ``runs`` column) crosses ``level``
+    along the grid axis ``axis``, line by line (``phasesweep refine``; docs/refine.md).
+
+    Each line of the sweep's grid (its other axes fixed) is searched by an Optuna study
+    kept in the store; the new runs go to the sweep ``SWEEP__refine_METRIC`` and the
+    estimates to the ``boundaries`` table. A line stops when its bracket is ``tol`` wide
+    (log10 units on a log axis; default: the grid's finest spacing / 16), all stop when
+    ``budget`` runs were trained in all. ``per_line``: points per line per batch (1:
+    bisection). ``use_ray``: train batches as Ray trials (``address`` as for :func:`run`),
+    else in this process. Bad arguments raise :class:`SpecError` before anything is
+    written; a refine that was stopped goes on where it was when called again.
+
+    Returns the outcome: ``child`` (the new runs' sweep), ``trained`` and ``failed`` runs,
+    ``batches``, and ``boundaries`` (a DataFrame: the rows stored, one per line).
+    """
+    from phasesweep.pipeline.refine._refine import refine as refine_sweep
+
+    return refine_sweep(
+        open_store(store, must_exist=False),
+        sweep,
+        metric,
+        level,
+        axis=axis,
+        budget=budget,
+        tol=tol,
+        per_line=per_line,
+        address=address,
+        use_ray=use_ray,
+    )
+
+
+def verify(
+    sweep: str | None = None, store: Store | str | Path | None = None, *, repair: bool = False
+) -> Report:
+    """Check one sweep of the store, or all (``phasesweep verify``): every file readable,
+    manifest and files agree, no run stored twice, every completed run with its
+    trajectories and layers.
+
+    With ``repair``: unreadable files go to the quarantine, orphans and leftover temp
+    files are deleted, missing or wrong manifest entries are written anew, and runs whose
+    rows are lost are taken out of their commit, so a relaunch trains them again.
+    Returns a report: ``problems`` (one line each; ``ok`` when there are none) and
+    ``actions`` (what the repair did).
+    """
+    from phasesweep.storage import verify as verify_store
+
+    return verify_store(_maintained(store, sweep), sweep, repair=repair)
+
+
+def compact(sweep: str | None = None, store: Store | str | Path | None = None) -> Report:
+    """Merge the chunk files of one sweep, or of all, into few large ones per table
+    (``phasesweep compact``); every query answers the same. Returns a report whose
+    ``actions`` say what was merged (none: nothing to compact)."""
+    from phasesweep.storage import compact as compact_store
+
+    return compact_store(_maintained(store, sweep), sweep)
+
+
+def _maintained(store: Store | str | Path | None, sweep: str | None) -> Store:
+    """The existing store for ``verify`` or ``compact``, holding ``sweep`` (if given) as
+    a spec or any file, damaged ones included (:class:`UnknownSweepError`); a bad sweep
+    name is an argument error (:class:`SpecError`)."""
+    from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage._maintenance import known_sweeps
+    from phasesweep.storage._store import check_sweep
+
+    opened = open_store(store)
+    if sweep is not None:
+        try:
+            check_sweep(sweep)
+        except ValueError as e:
+            raise SpecError("SWEEP", sweep, str(e), what="argument") from None
+        known = known_sweeps(opened)
+        if sweep not in known:
+            raise UnknownSweepError(sweep, opened.uri, known)
+    return opened
+
+
+def standing_address() -> str | None:
+    """``host:port`` of this user's standing local Ray if one runs, else None
+    (``phasesweep standing status``). ``run(..., address="standing")`` starts it on
+    demand; it stops itself after idling."""
+    from phasesweep.pipeline.run._standing import address
+
+    return address()
+
+
+def stop_standing() -> bool:
+    """Stop this user's standing local Ray and every process it started (``phasesweep
+    standing stop``); False when none was running. Launches still connected to it lose
+    their running trials: a relaunch trains what they lost."""
+    from phasesweep.pipeline.run._standing import stop
+
+    return stop()
+
+
+# --- for the command line: what its commands need beyond the functions above -------------
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean bad input (spec, argument, store, sweep name, a statement
+    that is not read-only SQL): the CLI's one-line errors with exit code 2."""
+    from phasesweep.pipeline.spec import SpecError
+    from phasesweep.storage import ReadOnlyQueryError
+
+    return (SpecError, StoreError, UnknownSweepError, ReadOnlyQueryError)
+
+
+@contextlib.contextmanager
+def collect_damage() -> Iterator[dict[str, Damage]]:
+    """The store files readers skip as damaged while the block runs (path -> its
+    ``Damage``: ``path`` and ``reason``), collected instead of shown as
+    ``DamagedFileWarning`` warnings; other warnings are shown as usual."""
+    from phasesweep.storage import DamagedFileWarning
+
+    skipped: dict[str, Damage] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DamagedFileWarning)
+        show = warnings.showwarning
+
+        def collect(message, category, *args, **kwargs) -> None:  # noqa: ANN001
+            if isinstance(message, DamagedFileWarning) and message.damage is not None:
+                skipped[message.damage.path] = message.damage
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = collect
+        yield skipped
+
+
+@dataclass
+class Answer:
+    """The answer to one SQL statement, and the damaged files it leaves out."""
+
+    table: pa.Table
+    #: damaged files of the tables the statement reads, which the answer skipped
+    missing: list[Damage]
+
+
+def answer(sql: str, store: Store | str | Path | None = None) -> Answer:
+    """One read-only SQL statement over the store's views (``phasesweep query``): the
+    Arrow table of :func:`arrow_table`, and the damaged files it skipped of the tables the
+    statement reads (a damaged file of another table cannot change the answer)."""
+    from phasesweep.storage import query_table
+    from phasesweep.storage._catalog import tables_read
+
+    opened = open_store(store)
+    with collect_damage() as skipped:
+        table = query_table(opened, sql)
+    read = tables_read(sql)
+    missing = [d for d in skipped.values() if opened.relative(d.path).split("/")[0] in read]
+    return Answer(table, missing)
+
+
+def disconnect_ray() -> None:
+    """Leave Ray now if this process started or joined it (a private local Ray stops, a
+    standing one or a cluster goes on), rather than in Ray's exit hook, which first waits
+    half a second for worker logs a launch never shows."""
+    from phasesweep.pipeline.run._ray import disconnect
+
+    disconnect()

@@ -123,6 +123,8 @@ def test_unknown_sweep_and_missing_store_errors(store, tmp_path):
         lambda: phasesweep.analyze("synht", store),
         lambda: phasesweep.plot("synht", store),
         lambda: phasesweep.report("synht", store),
+        lambda: phasesweep.verify("synht", store),
+        lambda: phasesweep.compact("synht", store),
     ):
         with pytest.raises(phasesweep.UnknownSweepError, match="did you mean 'synth'") as e:
             call()
@@ -131,6 +133,26 @@ def test_unknown_sweep_and_missing_store_errors(store, tmp_path):
     with pytest.raises(phasesweep.StoreError, match="no store there") as e:
         phasesweep.table("runs", missing)
     assert e.value.uri == str(missing) and not missing.exists()
+
+
+def test_verify_and_compact_keep_every_answer(synthetic_store):
+    store, _ = synthetic_store("kept", GRID)
+    sql = "SELECT * FROM runs WHERE sweep = 'kept' ORDER BY run_id"
+    before = phasesweep.table(sql, store)
+    report = phasesweep.verify("kept", store)
+    assert report.ok and report.problems == [] and report.actions == []
+    assert phasesweep.compact("kept", store).actions == []  # one chunk: nothing to merge
+    assert phasesweep.verify(None, store).ok
+    pd.testing.assert_frame_equal(phasesweep.table(sql, store), before)
+    with pytest.raises(phasesweep.SpecError, match="invalid argument: SWEEP"):
+        phasesweep.verify("Bad Name", store)
+
+
+def test_no_standing_ray_to_show_or_stop(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHASESWEEP_STANDING_DIR", str(tmp_path / "standing"))
+    assert phasesweep.standing_address() is None
+    assert phasesweep.stop_standing() is False
+    assert not (tmp_path / "standing").exists()
 
 
 def test_phase_diagram_equals_a_pandas_groupby(synthetic_store):
@@ -185,7 +207,8 @@ def test_run_and_status_through_the_api(tmp_path):
     store = tmp_path / "store"
     try:
         outcome = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
-        again = phasesweep.run(spec, store, overrides=["train.steps=10"], progress=False)
+        planned = phasesweep.plan(spec, store, overrides=["train.steps=10"])
+        again = phasesweep.execute(planned, progress=False)  # run = execute(plan(...))
     finally:
         ray.shutdown()
     assert outcome.trained == 6 and not outcome.failed

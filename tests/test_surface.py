@@ -109,7 +109,9 @@ def test_each_package_exports_its_public_names_and_hides_its_modules(package):
         assert getattr(mod, name) is not None, f"{package}.{name}"
     folder = ROOT / (package.split(".")[1] if "." in package else "phasesweep")
     public_modules = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")} | {
-        p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+        p.name
+        for p in folder.iterdir()
+        if p.is_dir() and (p / "__init__.py").exists() and not p.name.startswith("_")
     }
     # the modules a user may import by name: the contract's declarative ones and registries
     # (and phasesweep's three packages, the links to the layout's folders)
