@@ -113,6 +113,8 @@ def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
         "    assert phasesweep_cli(['--version']).communicate(timeout=300)[0]\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # the conftest's own imports of the test helpers beside it (calibration, ...)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
 
     def pytest_(*args: str) -> str:
         inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *args]
