@@ -94,10 +94,9 @@ def guarded_run(trainer: ChunkTrainer) -> CaptureGuard:
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_every_captured_step_variant_is_capture_safe(case):
     trainer = ChunkTrainer(only_chunk(small_spec(**case)), accelerated=True)
-    model = trainer.base.model  # a bias-free net that is linear (depth 1 is) takes the
-    factored = not model.bias and (
-        model.activation == "linear" or model.depth == 1
-    )  # factored step
+    # the model path the case names: a bias-free linear net (depth 1 is one) is factored
+    model = trainer.base.model
+    factored = not model.bias and (model.activation == "linear" or model.depth == 1)
     assert isinstance(trainer.make_step(), LinearStep if factored else EnsembleStep)
     guard = guarded_run(trainer)
     assert len(guard.steps) >= 10  # the non-logged steps of 24, the logged ones apart
