@@ -7,6 +7,10 @@ buffers that stay put: its step index and state (:class:`~pipeline.train._state.
 its learning rates (tables of :mod:`pipeline.train._optim`, indexed on the device) and,
 for minibatches, static input buffers refilled before each replay (:func:`static_batch`,
 :func:`copy_batch`).
+
+A CPU runs this step eagerly, where a host read or a frozen value goes unseen:
+``tests/test_capture_safety.py`` runs every variant of it (optimizer, schedule, model path,
+factored linear step) under a guard that fails on what a capture forbids.
 """
 
 from __future__ import annotations
