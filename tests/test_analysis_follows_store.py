@@ -1,0 +1,163 @@
+"""The analysis follows the store (issue 32): a summary is shown only while it matches its
+run's stored rows, ``plot``/``report`` analyze just the runs without one, and damage is
+never analyzed into the tables. Every incremental result is checked against a fresh
+``analyze`` of the same store (the independent answer)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.compute as pc
+import pytest
+from calibration import synthetic_sweep
+from phasesweep.analysis import analyze
+from phasesweep.analysis._analyze import DamagedRunsError
+from phasesweep.analysis._plotting import open_sweep
+from phasesweep.storage import Store, open_catalog, verify
+from phasesweep.storage._catalog import UNANALYZED_SQL
+
+from phasesweep._cli import main
+
+SWEEP = "follow"
+SCALES = (1e-3, 1e-2, 1e-1, 1.0)
+
+
+def _chunk(store: Store, chunk: str, widths=(16,), seeds=(0, 1)) -> list[str]:
+    """Commit one chunk of the synthetic sweep; its run ids."""
+    tables = synthetic_sweep(
+        init_scales=SCALES, widths=widths, depths=(2,), seeds=seeds, steps=2000
+    )
+    # the synthetic ids count from 0: name each point by its widths and seeds, as a grid would
+    tag = f"w{'_'.join(map(str, widths))}s{'_'.join(map(str, seeds))}-"
+    for name, table in tables.items():
+        i = table.schema.get_field_index("run_id")
+        ids = pc.binary_join_element_wise(tag, table["run_id"], "")
+        tables[name] = table.set_column(i, "run_id", ids)
+    store.write_chunk(SWEEP, chunk, tables)
+    return tables["runs"]["run_id"].to_pylist()
+
+
+def _unanalyzed(store: Store) -> set[str]:
+    with open_catalog(store) as con:
+        rows = con.execute(f"SELECT run_id FROM ({UNANALYZED_SQL})", {"sweep": SWEEP}).fetchall()
+    return {r for (r,) in rows}
+
+
+def _tables(store: Store) -> dict[str, pd.DataFrame]:
+    """The sweep's analysis tables as the catalog shows them, in a fixed order."""
+    with open_catalog(store) as con:
+        out = {
+            "summaries": con.execute(
+                "SELECT * FROM summaries WHERE sweep = ? ORDER BY run_id", [SWEEP]
+            ).df(),
+            "plateaus": con.execute(
+                "SELECT * FROM plateaus WHERE sweep = ? ORDER BY run_id, plateau_index", [SWEEP]
+            ).df(),
+            "scaling_fits": con.execute(
+                "SELECT * FROM scaling_fits WHERE sweep = ? ORDER BY ALL", [SWEEP]
+            ).df(),
+        }
+    return {k: v.reset_index(drop=True) for k, v in out.items()}
+
+
+def _same_as_fresh(store: Store) -> None:
+    """The tables equal those of a fresh analysis of the same store."""
+    incremental = _tables(store)
+    analyze(store, SWEEP, workers=0)
+    fresh = _tables(store)
+    for name in fresh:
+        pd.testing.assert_frame_equal(incremental[name], fresh[name], check_dtype=False)
+
+
+@pytest.mark.parametrize("grow", ["extend_width", "new_seed"])
+def test_new_points_are_unanalyzed_until_analyzed_incrementally(tmp_path, grow):
+    store = Store.open(str(tmp_path / "store"))
+    first = _chunk(store, "c0")
+    analyze(store, SWEEP, workers=0)
+    assert _unanalyzed(store) == set()
+    extra = {"widths": (64,)} if grow == "extend_width" else {"seeds": (2,)}
+    added = _chunk(store, "c1", **extra)
+    assert _unanalyzed(store) == set(added)
+    # the summaries view shows the first runs only; the new ones have none yet
+    assert set(_tables(store)["summaries"]["run_id"]) == set(first)
+    counts = analyze(store, SWEEP, workers=0, unanalyzed=True)
+    assert counts["analyzed"] == len(added)
+    assert counts["summaries"] == len(first) + len(added)
+    assert _unanalyzed(store) == set()
+    _same_as_fresh(store)
+
+
+def test_plot_context_analyzes_only_the_unanalyzed_runs(tmp_path, monkeypatch):
+    from phasesweep.analysis import _analyze
+
+    store = Store.open(str(tmp_path / "store"))
+    _chunk(store, "c0")
+    analyze(store, SWEEP, workers=0)
+    added = _chunk(store, "c1", widths=(64,))
+    calls = []
+    real = _analyze.analyze
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_analyze, "analyze", spy)
+    with open_sweep(store, SWEEP):
+        pass
+    assert calls == [{"unanalyzed": True}]
+    assert _unanalyzed(store) == set()
+    with open_sweep(store, SWEEP):  # nothing left: no analysis
+        pass
+    assert len(calls) == 1
+    assert added and _same_as_fresh(store) is None
+
+
+def _truncate_trajectories(store: Store, chunk: str) -> str:
+    (path,) = [p for p in store.files("trajectories", SWEEP) if f"-{chunk}-" in p]
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    return store.relative(path)
+
+
+def test_damaged_trajectories_are_never_analyzed_and_repair_relaunch_follows(tmp_path):
+    store = Store.open(str(tmp_path / "store"))
+    kept = _chunk(store, "c0")
+    damaged_runs = _chunk(store, "c1", widths=(64,))
+    name = _truncate_trajectories(store, "c1")
+    with pytest.raises(DamagedRunsError) as e:
+        analyze(store, SWEEP, workers=0)
+    assert name in str(e.value) and e.value.runs == len(damaged_runs)
+    assert "verify follow --repair" in str(e.value)
+    # no summary of a run it could not read completely; the others are there
+    assert set(_tables(store)["summaries"]["run_id"]) == set(kept)
+    assert _unanalyzed(store) == set(damaged_runs)
+
+    assert verify(store, SWEEP, repair=True, min_age_s=0).problems
+    _chunk(store, "c1", widths=(64,))  # the relaunch trains them again: a new commit
+    assert _unanalyzed(store) == set(damaged_runs)
+    counts = analyze(store, SWEEP, workers=0, unanalyzed=True)
+    assert counts["analyzed"] == len(damaged_runs)
+    _same_as_fresh(store)
+
+
+def test_summaries_of_retrained_runs_are_not_current(tmp_path):
+    """A run committed anew (a relaunch after a repair) hides its old summary at once."""
+    store = Store.open(str(tmp_path / "store"))
+    runs = _chunk(store, "c0")
+    analyze(store, SWEEP, workers=0)
+    # quarantine the commit as a repair would, then commit the same runs again
+    for path in store.files("runs", SWEEP):
+        store.fs.rm_file(path)
+    assert _tables(store)["summaries"].empty  # runs no longer stored: no summary shown
+    _chunk(store, "c0")
+    assert _unanalyzed(store) == set(runs)
+    assert _tables(store)["summaries"].empty
+
+
+def test_analyze_cli_exits_1_naming_the_damaged_file(tmp_path, capsys):
+    store = Store.open(str(tmp_path / "store"))
+    _chunk(store, "c0")
+    _chunk(store, "c1", widths=(64,))
+    name = _truncate_trajectories(store, "c1")
+    assert main(["analyze", SWEEP, "--store", store.uri]) == 1
+    err = capsys.readouterr().err
+    assert name in err and "--repair" in err
