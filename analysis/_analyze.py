@@ -388,8 +388,7 @@ def analyze(
     processes besides this one, which reads and writes (default :func:`default_workers`;
     a sweep of one batch is analyzed here). ``unanalyzed``: analyze only the runs without
     a current summary and keep the current rows (the scaling fits are computed anew from
-    all of them). Returns the number of rows written per table (``analyzed``: the runs
-    analyzed now).
+    all of them). Returns the number of rows written per table.
 
     A run whose chunk attempt lost a ``trajectories`` file to damage gets no summary (it
     would be computed from part of its rows): the others are written, then
@@ -401,7 +400,7 @@ def analyze(
     store = as_store(store)
     spec = stored_sweep(store.read_spec(sweep), sweep)
     cfg = spec.analysis if spec is not None else AnalysisConfig()
-    counts = {"summaries": 0, "plateaus": 0, "analyzed": 0}
+    counts = {"summaries": 0, "plateaus": 0}
     kept: list[pa.Table] = []
     reach = Reach()
     damaged = [d.path for d in store.damaged_files(sweep) if _chunk_table_file(store, d.path)]
@@ -428,7 +427,9 @@ def analyze(
             ((True, *part) for part in _summarized(batches, cfg, workers)),
         )
         for new, summaries, plateaus, fit_input in parts:
-            counts["analyzed"] += summaries.num_rows if new else 0
+            log.debug(
+                "sweep %s: %d %s summaries", sweep, summaries.num_rows, "new" if new else "kept"
+            )
             write_summaries(summaries)
             write_plateaus(plateaus)
             if cfg.at_time is not None:
