@@ -160,3 +160,21 @@ def test_analyze_cli_exits_1_naming_the_damaged_file(tmp_path, capsys):
     assert main(["analyze", SWEEP, "--store", store.uri]) == 1
     err = capsys.readouterr().err
     assert name in err and "--repair" in err
+
+
+def test_status_counts_the_runs_without_a_current_summary(tmp_path, capsys):
+    from phasesweep import status
+
+    store = Store.open(str(tmp_path / "store"))
+    first = _chunk(store, "c0")
+    assert status(SWEEP, store).unanalyzed == {SWEEP: len(first)}  # never analyzed
+    analyze(store, SWEEP, workers=0)
+    assert status(store=store).unanalyzed == {}
+    assert main(["status", SWEEP, "--store", store.uri]) == 0
+    assert "no current summary" not in capsys.readouterr().out
+    added = _chunk(store, "c1", widths=(64,))  # an extended grid
+    assert status(store=store).unanalyzed == {SWEEP: len(added)}
+    assert main(["status", SWEEP, "--store", store.uri]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(added)} run(s) have no current summary" in out
+    assert f"phasesweep analyze {SWEEP}" in out
