@@ -5,6 +5,7 @@ never analyzed into the tables. Every incremental result is checked against a fr
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 import pytest
@@ -178,3 +179,42 @@ def test_status_counts_the_runs_without_a_current_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{len(added)} run(s) have no current summary" in out
     assert f"phasesweep analyze {SWEEP}" in out
+
+
+def test_a_phase_diagram_cell_without_a_current_summary_is_not_analyzed(tmp_path):
+    import matplotlib.pyplot as plt
+    from phasesweep.analysis._phase import phase_diagram_sql
+    from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
+
+    store = Store.open(str(tmp_path / "store"))
+    _chunk(store, "c0")
+    analyze(store, SWEEP, workers=0)
+    added = _chunk(store, "c1", widths=(64,))  # extended, not analyzed
+    sql = phase_diagram_sql(SWEEP, value="param_rel_change")
+    with open_catalog(store) as con:
+        cells = con.execute(sql).df()
+        # the analyzed cells: the mean over the completed seeds of the current summaries
+        want = con.execute(
+            "SELECT r.init_scale, avg(s.final_param_rel_change) FROM runs r JOIN summaries s "
+            "USING (sweep, run_id) WHERE r.width = 16 AND r.status = 'completed' GROUP BY 1"
+        ).fetchall()
+    new = cells[cells["y"] == 64]
+    assert new["n_runs"].sum() == len(added) and (new["n_analyzed"] == 0).all()
+    assert new["value"].isna().all()  # never a value
+    old = cells[cells["y"] == 16].set_index("x")["value"]
+    assert {x: old[x] for x, _ in want} == pytest.approx(dict(want))
+    fig = phase_diagram_figure(cells, x="init_scale", y="width", value="param_rel_change")
+    ax = fig.axes[0]
+    (mesh,) = ax.collections[:1]
+    coloured = ~np.ma.getmaskarray(mesh.get_array()).reshape(2, len(SCALES))
+    assert coloured.tolist() == [[True] * len(SCALES), [False] * len(SCALES)]  # rows: y 16, 64
+    marked = [t for t in ax.texts if t.get_text() == "not\nanalyzed"]
+    assert len(marked) == len(SCALES) and all(t.get_position()[1] == 1.5 for t in marked)
+    legend = [t.get_text() for leg in fig.legends + [ax.get_legend()] if leg for t in leg.texts]
+    assert any(t.startswith("not analyzed") for t in legend)
+    plt.close(fig)
+    # once analyzed, no cell is marked
+    analyze(store, SWEEP, workers=0, unanalyzed=True)
+    with open_catalog(store) as con:
+        cells = con.execute(sql).df()
+    assert (cells["n_analyzed"] == cells["n_runs"]).all() and cells["value"].notna().all()
