@@ -361,7 +361,8 @@ def phase_diagram(
 
     Columns ``x``, ``y`` (``facet``), ``value`` (mean over the cell's completed runs of
     the final ``value``, e.g. ``kernel_distance``), ``value_sd``, ``n_runs``,
-    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``regime``; the query is
+    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``n_analyzed`` (runs with a
+    current summary; ``value`` is NULL in a cell with fewer than ``n_runs``), ``regime``; the query is
     :func:`phasesweep.analysis.phase_diagram_sql`. Needs the sweep's summaries: run
     :func:`analyze` first (without them ``value`` is NULL).
     """
