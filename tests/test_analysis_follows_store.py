@@ -218,3 +218,59 @@ def test_a_phase_diagram_cell_without_a_current_summary_is_not_analyzed(tmp_path
     with open_catalog(store) as con:
         cells = con.execute(sql).df()
     assert (cells["n_analyzed"] == cells["n_runs"]).all() and cells["value"].notna().all()
+
+
+def test_a_refined_boundary_is_drawn_on_its_own_metric_only(tmp_path):
+    """Item 4: boundaries of two metrics; each phase diagram draws its own, labelled with
+    its metric and level, above the cell's value text (hollow markers)."""
+    import matplotlib.pyplot as plt
+    from phasesweep.analysis._boundaries import BOUNDARY_COLOR
+    from phasesweep.analysis._style import short_label
+    from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
+
+    xs, ws = [0.01, 0.1, 1.0], [16, 64]
+    cells = pd.DataFrame(
+        [
+            dict(x=x, y=w, value=0.1 * (i + 1), n_runs=2, n_diverged=0, n_seeds=2)
+            for i, x in enumerate(xs)
+            for w in ws
+        ]
+    )
+    line = dict(
+        bracketed=True,
+        axis_scale="log",
+        bracket_low=0.05,
+        bracket_high=0.2,
+        seed_boundaries=[0.08, 0.12],
+    )
+    boundaries = pd.DataFrame(
+        [dict(line, metric="kernel_distance", level=0.1, width=w, boundary=0.1) for w in ws]
+        + [
+            dict(
+                line,
+                metric="param_rel_change",
+                level=0.25,
+                width=16,
+                boundary=0.3,
+                bracket_high=0.5,
+            )
+        ]
+    )
+    for value, level, n in (("kernel_distance", "0.1", 2), ("param_rel_change", "0.25", 1)):
+        fig = phase_diagram_figure(
+            cells, x="init_scale", y="width", value=value, boundaries=boundaries
+        )
+        ax = fig.axes[0]
+        drawn = [
+            ln for ln in ax.lines if ln.get_color() == BOUNDARY_COLOR and ln.get_marker() == "D"
+        ]
+        assert len(drawn) == 1 and len(drawn[0].get_ydata()) == n  # its own lines only
+        assert drawn[0].get_markerfacecolor() == "none"
+        # above the centre of its row, where the value text is
+        texts = {t.get_position()[1] for t in ax.texts if t.get_text()}
+        assert texts == {0.5, 1.5} and not set(drawn[0].get_ydata()) & texts
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert [t for t in legend if t.startswith("refined boundary")] == [
+            f"refined boundary of {short_label(value)} at level {level} (bar: bracket, ticks: seeds)"
+        ]
+        plt.close(fig)

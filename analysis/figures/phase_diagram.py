@@ -66,8 +66,12 @@ def phase_diagram_figure(
     never coloured as a value. The legend lists only what is drawn. ``ax``: draw in its place (a
     subfigure, facets split into a grid) instead of a new figure.
     ``boundaries``: rows of the ``boundaries`` table along ``x`` (``phasesweep refine``),
-    drawn over the cells with their brackets and seed crossings, per facet value.
+    drawn over the cells with their brackets and seed crossings, per facet value; only
+    those of ``value``'s own metric (a boundary of another metric says nothing of these
+    colours), labelled with the metric and level.
     """
+    if boundaries is not None and "metric" in boundaries.columns:
+        boundaries = boundaries[boundaries["metric"] == value]
     facets = [None] if facet is None else sorted_values(cells["facet"])
     xs = sorted_values(cells["x"])
     ys = sorted_values(cells["y"])
@@ -298,7 +302,10 @@ def phase_diagram_figure(
                     color=BOUNDARY_COLOR,
                     marker="D",
                     lw=1.2,
-                    label="refined boundary (bar: bracket, ticks: seeds)",
+                    mfc="none",
+                    label=f"refined boundary of {short_label(value)} at level "
+                    + ", ".join(f"{v:g}" for v in sorted(set(boundaries["level"])))
+                    + " (bar: bracket, ticks: seeds)",
                 )
             )
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
