@@ -23,6 +23,7 @@ the logged points around it; NULL for runs that stopped before it): the
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -352,8 +353,32 @@ _FIT_SCHEMA = pa.schema(
 )
 
 
+class DamagedRunsError(RuntimeError):
+    """``analyze`` met damaged store files of the sweep: it wrote the summaries of every
+    other run and none of the runs whose rows it could not read completely. ``files``:
+    the damaged files (relative to the store root); ``runs``: the runs left unanalyzed."""
+
+    def __init__(self, sweep: str, files: Sequence[str], runs: int) -> None:
+        self.files = list(files)
+        self.runs = runs
+        shown = ", ".join(self.files[:5]) + (
+            f" and {len(self.files) - 5} more" if len(files) > 5 else ""
+        )
+        super().__init__(
+            f"sweep {sweep}: {len(self.files)} damaged store file(s): {shown}; "
+            f"{runs} run(s) whose trajectories it holds were not analyzed. Run "
+            f"`phasesweep verify {sweep} --repair`, relaunch the sweep's spec (it trains "
+            "them again), then analyze again"
+        )
+
+
 def analyze(
-    store, sweep: str, *, batch_runs: int = BATCH_RUNS, workers: int | None = None
+    store,
+    sweep: str,
+    *,
+    batch_runs: int = BATCH_RUNS,
+    workers: int | None = None,
+    unanalyzed: bool = False,
 ) -> dict[str, int]:
     """Compute and store ``summaries``, ``plateaus`` and ``scaling_fits`` of ``sweep``.
 
@@ -361,7 +386,13 @@ def analyze(
     replaced whole, once every run is analyzed (an error leaves the old ones). The runs
     are analyzed ``batch_runs`` at a time (see the module docstring), by ``workers``
     processes besides this one, which reads and writes (default :func:`default_workers`;
-    a sweep of one batch is analyzed here). Returns the number of rows written per table.
+    a sweep of one batch is analyzed here). ``unanalyzed``: analyze only the runs without
+    a current summary and keep the current rows (the scaling fits are computed anew from
+    all of them). Returns the number of rows written per table.
+
+    A run whose chunk attempt lost a ``trajectories`` file to damage gets no summary (it
+    would be computed from part of its rows): the others are written, then
+    :class:`DamagedRunsError` names the files.
     """
     from phasesweep.storage._catalog import run_batch_reads
     from phasesweep.storage._store import as_store
@@ -372,14 +403,33 @@ def analyze(
     counts = {"summaries": 0, "plateaus": 0}
     kept: list[pa.Table] = []
     reach = Reach()
-    batches = run_batch_reads(
-        store, sweep, RUN_COLUMNS, ["step", "time", *TRAJECTORY_COLUMNS], batch_runs
+    damaged = [d.path for d in store.damaged_files(sweep) if _chunk_table_file(store, d.path)]
+    skipped = [0]
+    batches = _undamaged(
+        run_batch_reads(
+            store,
+            sweep,
+            [*RUN_COLUMNS, "finished_at"],
+            ["step", "time", *TRAJECTORY_COLUMNS],
+            batch_runs,
+            unanalyzed=unanalyzed,
+        ),
+        [p.rsplit("/", 1)[-1] for p in damaged if "/trajectories/" in p],
+        skipped,
     )
     with (
         store.analysis_writer(sweep, "summaries") as write_summaries,
         store.analysis_writer(sweep, "plateaus") as write_plateaus,
     ):
-        for summaries, plateaus, fit_input in _summarized(batches, cfg, workers):
+        kept_now = _current(store, sweep) if unanalyzed else iter(())
+        parts = itertools.chain(
+            ((False, *part) for part in kept_now),
+            ((True, *part) for part in _summarized(batches, cfg, workers)),
+        )
+        for new, summaries, plateaus, fit_input in parts:
+            log.debug(
+                "sweep %s: %d %s summaries", sweep, summaries.num_rows, "new" if new else "kept"
+            )
             write_summaries(summaries)
             write_plateaus(plateaus)
             if cfg.at_time is not None:
@@ -401,7 +451,70 @@ def analyze(
     warning = reach.line(cfg.at_time)
     if warning:
         log.warning("sweep %s: %s", sweep, warning)
+    if damaged:
+        raise DamagedRunsError(sweep, [store.relative(p) for p in damaged], skipped[0])
     return {**counts, "scaling_fits": len(fits)}
+
+
+def _chunk_table_file(store, path: str) -> bool:
+    """Whether ``path`` is a file of a table that training writes (what analyze reads)."""
+    return any(path.startswith(store.table_dir(t) + "/") for t in ("runs", "trajectories"))
+
+
+def _undamaged(batches, damaged_names: Sequence[str], skipped: list[int]):
+    """The ``(runs, read)`` batches without the runs of an attempt that lost a
+    ``trajectories`` file (named ``…-{attempt}.parquet``) to damage; ``skipped[0]``
+    counts those left out."""
+    for runs, read in batches:
+        if damaged_names:
+            attempts = set(runs["attempt"].to_pylist())
+            bad = [a for a in attempts if any(n.endswith(f"-{a}.parquet") for n in damaged_names)]
+            if bad:
+                keep = pc.invert(pc.is_in(runs["attempt"], value_set=pa.array(bad, pa.string())))
+                skipped[0] += runs.num_rows - pc.sum(keep.cast(pa.int64())).as_py()
+                runs = runs.filter(keep)
+                read = dataclasses.replace(
+                    read, parts=[p for p in read.parts if p.attempt not in bad]
+                )
+        if runs.num_rows:
+            yield runs, read
+
+
+def _current(store, sweep: str):
+    """The sweep's current ``summaries`` and ``plateaus`` rows (as the catalog views show
+    them) with what the scaling fits keep of their runs, as ``_summarized`` gives them, a
+    batch of rows at a time (DuckDB streams them: memory holds one batch)."""
+    from phasesweep.storage._catalog import catalog_connection, snapshot
+
+    con = catalog_connection(store, snapshot(store, sweep, ("summaries", "plateaus")))
+    no_plateaus = to_table("plateaus", {}, 0)
+    try:
+        fit = ", ".join(f'r."{c}" AS "fit:{c}"' for c in _FIT_INPUT if c != "run_id")
+        rows = con.sql(
+            f"SELECT s.* EXCLUDE (sweep), {fit} FROM summaries AS s "
+            "JOIN runs AS r ON r.sweep = s.sweep AND r.run_id = s.run_id WHERE s.sweep = ?",
+            params=[sweep],
+        ).to_arrow_reader(BATCH_RUNS)
+        for batch in rows:
+            table = pa.Table.from_batches([batch])
+            fit_input = {c: table[f"fit:{c}"] for c in _FIT_INPUT if c != "run_id"}
+            fit_input.update({c: table[c] for c in ["run_id", *FIT_SUMMARY_COLUMNS]})
+            yield (
+                to_table("summaries", table.select(SUMMARIES.names)),
+                no_plateaus,
+                pa.table({c: fit_input[c] for c in _FIT_SCHEMA.names}).cast(_FIT_SCHEMA),
+            )
+        plateaus = con.sql(
+            "SELECT * EXCLUDE (sweep) FROM plateaus WHERE sweep = ?", params=[sweep]
+        ).to_arrow_reader(BATCH_RUNS)
+        for batch in plateaus:
+            yield (
+                to_table("summaries", {}, 0),
+                to_table("plateaus", pa.Table.from_batches([batch])),
+                _FIT_SCHEMA.empty_table(),
+            )
+    finally:
+        con.close()
 
 
 def default_workers() -> int:
@@ -437,8 +550,15 @@ def _summarize(
     s = ser.from_arrow(read(), TRAJECTORY_COLUMNS, frame["run_id"].to_numpy(object))
     summaries, plateaus = compute_summaries(frame, s, cfg)
     fit_input = frame[_FIT_INPUT].join(summaries[FIT_SUMMARY_COLUMNS])
+    table = to_table("summaries", summaries, len(summaries))
+    # what the rows were computed from (the catalog shows them while it is current)
+    for column, source in (("source_attempt", "attempt"), ("source_finished_at", "finished_at")):
+        i = table.schema.get_field_index(column)
+        table = table.set_column(
+            i, table.schema.field(i), runs[source].cast(table.schema.field(i).type)
+        )
     return (
-        to_table("summaries", summaries, len(summaries)),
+        table,
         to_table("plateaus", plateaus, len(plateaus)),
         pa.Table.from_pandas(fit_input, schema=_FIT_SCHEMA, preserve_index=False),
     )

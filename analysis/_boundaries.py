@@ -69,6 +69,10 @@ def _to_cells(values: np.ndarray, cells: Sequence | None, log: bool) -> np.ndarr
         return np.interp(f(values), f(c), np.arange(len(c)) + 0.5, left=np.nan, right=np.nan)
 
 
+#: Where in a heatmap's row (0 bottom, 1 top) a boundary is drawn: above the value text.
+CELL_ROW = 0.85
+
+
 def draw_boundaries(
     ax: Axes,
     frame: pd.DataFrame,
@@ -87,8 +91,9 @@ def draw_boundaries(
     ticks: the seed spread). Rows that are not bracketed are skipped.
 
     ``x_cells`` / ``y_cells``: the sorted axis values of a heatmap drawn on cell
-    indices (``phase_diagram_figure``), to map values onto its cells; None draws in
-    data coordinates (set a log x scale yourself for a log axis).
+    indices (``phase_diagram_figure``), to map values onto its cells, in the upper part
+    of each row with hollow markers (the cell's value text is at its centre and stays
+    readable); None draws in data coordinates (set a log x scale yourself for a log axis).
     """
     rows = frame[frame["bracketed"].astype(bool)].sort_values(y)
     if rows.empty:
@@ -96,7 +101,7 @@ def draw_boundaries(
     log = bool((rows["axis_scale"] == "log").all())
     ys = rows[y].to_numpy(dtype=float)
     if y_cells is not None:
-        index = {float(v): i + 0.5 for i, v in enumerate(sorted(y_cells))}
+        index = {float(v): i + CELL_ROW for i, v in enumerate(sorted(y_cells))}
         ys = np.array([index.get(v, np.nan) for v in ys])
 
     def px(col: str) -> np.ndarray:
@@ -110,6 +115,7 @@ def draw_boundaries(
         xerr=np.vstack([est - lo, hi - est]),
         fmt="D",
         color=color,
+        mfc="none" if y_cells is not None else color,
         ms=5,
         elinewidth=3,
         capsize=4,

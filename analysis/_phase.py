@@ -48,8 +48,10 @@ def phase_diagram_sql(
 
     Columns: ``x``, ``y`` (and ``facet``), ``value`` = mean over the cell's completed
     runs (its seeds) of the final ``value``, ``value_sd``, ``n_runs``,
-    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds`` and ``regime`` (the
-    most common regime of the cell). Diverged runs are counted, never averaged.
+    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``n_analyzed`` (runs with
+    a current summary: a cell with fewer than ``n_runs`` is "not analyzed", its value is
+    NULL rather than the mean of some seeds) and ``regime`` (the most common regime of the
+    cell). Diverged runs are counted, never averaged.
     ``where``: an extra SQL condition on the ``runs`` columns (e.g. ``seed = 0``).
     """
     for name in (x, y, facet):
@@ -69,13 +71,16 @@ def phase_diagram_sql(
         )
     return (
         "SELECT " + ", ".join(keys) + ",\n"
-        f"       avg(s.{col}) FILTER (WHERE r.status = 'completed') AS value,\n"
-        f"       stddev_samp(s.{col}) FILTER (WHERE r.status = 'completed') AS value_sd,\n"
+        "       CASE WHEN count(s.run_id) = count(*) THEN\n"
+        f"       avg(s.{col}) FILTER (WHERE r.status = 'completed') END AS value,\n"
+        "       CASE WHEN count(s.run_id) = count(*) THEN\n"
+        f"       stddev_samp(s.{col}) FILTER (WHERE r.status = 'completed') END AS value_sd,\n"
         "       count(*) AS n_runs,\n"
         "       count(*) FILTER (WHERE r.status = 'completed') AS n_completed,\n"
         "       count(*) FILTER (WHERE r.status = 'diverged') AS n_diverged,\n"
         "       count(*) FILTER (WHERE r.status = 'failed') AS n_failed,\n"
         "       count(DISTINCT r.seed) AS n_seeds,\n"
+        "       count(s.run_id) AS n_analyzed,\n"
         "       mode(s.regime) AS regime\n"
         "FROM runs AS r\n"
         "LEFT JOIN summaries AS s ON s.sweep = r.sweep AND s.run_id = r.run_id\n"

@@ -205,19 +205,23 @@ def default_out_dir(store, sweep: str) -> Path:
 
 @contextmanager
 def open_sweep(store, sweep: str) -> Iterator[Context]:
-    """The sweep's :class:`Context` over one catalog connection, analyzing it first if it has
-    no summaries yet (the connection is then reopened once, to see the new tables)."""
+    """The sweep's :class:`Context` over one catalog connection, analyzing first the runs
+    that have no current summary (new points, points trained again after a repair, an
+    extended grid: ``analyze(..., unanalyzed=True)``; the connection is then reopened once,
+    to see the new tables). Damage that keeps runs from being analyzed stops it
+    (:class:`analysis._analyze.DamagedRunsError` names the files and what to do)."""
     from phasesweep.analysis._analyze import analyze
     from phasesweep.storage import open_catalog
+    from phasesweep.storage._catalog import UNANALYZED_SQL
 
     text = store.read_spec(sweep)
     spec = stored_sweep(text, sweep)
     con = open_catalog(store)
     try:
-        n = con.execute("SELECT count(*) FROM summaries WHERE sweep = ?", [sweep]).fetchone()[0]
-        if n == 0:
+        (n,) = con.execute(f"SELECT count(*) FROM ({UNANALYZED_SQL})", {"sweep": sweep}).fetchone()
+        if n:
             con.close()
-            analyze(store, sweep)
+            analyze(store, sweep, unanalyzed=True)
             con = open_catalog(store)
         ctx = context(con, sweep, spec, store)
         ctx.spec_text = text

@@ -361,7 +361,8 @@ def phase_diagram(
 
     Columns ``x``, ``y`` (``facet``), ``value`` (mean over the cell's completed runs of
     the final ``value``, e.g. ``kernel_distance``), ``value_sd``, ``n_runs``,
-    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``regime``; the query is
+    ``n_completed``, ``n_diverged``, ``n_failed``, ``n_seeds``, ``n_analyzed`` (runs with a
+    current summary; ``value`` is NULL in a cell with fewer than ``n_runs``), ``regime``; the query is
     :func:`phasesweep.analysis.phase_diagram_sql`. Needs the sweep's summaries: run
     :func:`analyze` first (without them ``value`` is NULL).
     """
@@ -380,7 +381,9 @@ def analyze(sweep: str, store: Store | str | Path | None = None) -> dict[str, in
     """Compute and store the sweep's ``summaries``, ``plateaus`` and ``scaling_fits``
     (``phasesweep analyze``); returns the rows written per table.
 
-    Each table's partition of the sweep is replaced whole; the last writer wins.
+    Each table's partition of the sweep is replaced whole; the last writer wins. Runs
+    whose trajectories are damaged get no summary: the others are written, then
+    ``DamagedRunsError`` names the files (exit code 1 on the command line).
     """
     from phasesweep import analysis
 
@@ -529,6 +532,14 @@ def input_errors() -> tuple[type[Exception], ...]:
     from phasesweep.storage import ReadOnlyQueryError
 
     return (SpecError, StoreError, UnknownSweepError, ReadOnlyQueryError)
+
+
+def failures() -> tuple[type[Exception], ...]:
+    """The exceptions that mean work left undone for a reason the message names (damaged
+    store files kept runs from being analyzed): the CLI's one-line errors with exit code 1."""
+    from phasesweep.analysis._analyze import DamagedRunsError
+
+    return (DamagedRunsError,)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,10 @@ columns that older files lack are NULL. ``attempt`` stays visible for debugging.
 - ``trajectories`` and ``layers`` hold only rows whose ``(sweep, run_id,
   attempt)`` is in ``runs``: rows of an attempt that died before its commit, or
   of a duplicate commit, are never seen.
+- ``summaries`` holds only current rows: those whose ``source_finished_at`` is their
+  run's ``finished_at`` in ``runs`` (a run trained again since, or no longer stored,
+  has no summary until it is analyzed again: :func:`unanalyzed_sql`); ``plateaus`` the
+  rows of the runs with a current summary.
 
 :func:`run_batches` reads a sweep's runs and their trajectories as these views show
 them, a batch of runs at a time, for work too large to read whole (``analyze``).
@@ -68,7 +72,24 @@ SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw AS t
 SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt"""
         for table in ("trajectories", "layers")
     },
-    **{table: "SELECT sweep, * EXCLUDE (sweep) FROM _raw" for table in schema.ANALYSIS_TABLES},
+    # a summary is shown while it is current: its run's runs row is the one it was computed
+    # from (the analysis follows the store). Its finished_at says so (compaction keeps it,
+    # a new commit of the run has a new one); a row without one (a synthetic store) is
+    # matched by its attempt. A row written before the source was recorded is not current.
+    "summaries": """
+SELECT s.sweep, s.* EXCLUDE (sweep) FROM _raw AS s
+SEMI JOIN runs AS r
+    ON s.sweep = r.sweep AND s.run_id = r.run_id AND s.source_attempt IS NOT NULL
+    AND s.source_finished_at IS NOT DISTINCT FROM r.finished_at
+    AND (r.finished_at IS NOT NULL OR s.source_attempt = r.attempt)""",
+    "plateaus": """
+SELECT p.sweep, p.* EXCLUDE (sweep) FROM _raw AS p
+SEMI JOIN summaries AS s ON p.sweep = s.sweep AND p.run_id = s.run_id""",
+    **{
+        table: "SELECT sweep, * EXCLUDE (sweep) FROM _raw"
+        for table in schema.ANALYSIS_TABLES
+        if table not in ("summaries", "plateaus")
+    },
 }
 
 
@@ -238,7 +259,12 @@ def create_views(
 
 #: The store tables whose files each view reads beyond its own: the rows of
 #: ``trajectories`` and ``layers`` that it shows are those of the runs in ``runs``.
-_READS = {"trajectories": ("runs",), "layers": ("runs",)}
+_READS = {
+    "trajectories": ("runs",),
+    "layers": ("runs",),
+    "summaries": ("runs",),
+    "plateaus": ("summaries", "runs"),
+}
 
 
 def tables_read(sql: str) -> set[str]:
@@ -266,6 +292,13 @@ def sql_string(text: str) -> str:
     """``text`` as an SQL string literal (single quotes, inner ones doubled): the one
     quoting of values into the SQL that phasesweep writes (DuckDB's standard SQL)."""
     return "'" + text.replace("'", "''") + "'"
+
+
+#: The runs of the sweep ``$sweep`` without a current summary (new points, points trained
+#: again after a repair, an extended grid, a sweep never analyzed), on a catalog connection.
+UNANALYZED_SQL = """
+SELECT r.* FROM runs AS r WHERE r.sweep = $sweep
+AND NOT EXISTS (SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id)"""
 
 
 def run_batches(
@@ -299,19 +332,25 @@ def run_batch_reads(
     run_columns: Sequence[str],
     trajectory_columns: Sequence[str],
     batch_runs: int,
+    *,
+    unanalyzed: bool = False,
 ) -> Iterator[tuple[pa.Table, ChunkRead]]:
     """The batches of :func:`run_batches`, each with a :class:`ChunkRead` of its
     trajectories instead of the rows: ``analyze`` hands it to the worker process that
-    analyzes the batch, which reads them itself (so they never pass through a pipe)."""
+    analyzes the batch, which reads them itself (so they never pass through a pipe).
+    ``unanalyzed``: only the runs without a current summary (:data:`UNANALYZED_SQL`)."""
     store = as_store(store)
     if batch_runs < 1:
         raise ValueError(f"batch_runs must be at least 1, got {batch_runs}")
-    files = snapshot(store, sweep, ("trajectories",))
-    con = catalog_connection(store, {"runs": files["runs"]})
+    files = snapshot(
+        store, sweep, ("trajectories", "summaries") if unanalyzed else ("trajectories",)
+    )
+    con = catalog_connection(store, {t: files[t] for t in ("runs", "summaries") if t in files})
     try:
         columns = ", ".join(f'"{c}"' for c in dict.fromkeys(["run_id", "attempt", *run_columns]))
+        source = UNANALYZED_SQL if unanalyzed else "SELECT * FROM runs WHERE sweep = $sweep"
         runs = con.sql(
-            f"SELECT {columns} FROM runs WHERE sweep = ? ORDER BY attempt, run_id", params=[sweep]
+            f"SELECT {columns} FROM ({source}) ORDER BY attempt, run_id", params={"sweep": sweep}
         ).to_arrow_table()
     finally:
         con.close()

@@ -419,6 +419,23 @@ _SUMMARIES: tuple[Column, ...] = (
         "no kernel predictor logged",
         final_of="lin_distance",
     ),
+    # what the row was computed from: the catalog's summaries view shows a row only while
+    # its run's runs row still has this finished_at (a relaunch after a repair, or a failed
+    # run trained again, commits a new one; compaction keeps it)
+    Column(
+        "source_attempt",
+        pa.string(),
+        "the chunk attempt whose runs and trajectories rows were analyzed",
+        "",
+        "written before phasesweep recorded it (the row is not current)",
+    ),
+    Column(
+        "source_finished_at",
+        pa.timestamp("us", tz="UTC"),
+        "runs.finished_at of the row analyzed: the row is current while the run's still equals it",
+        "UTC timestamp",
+        "as source_attempt",
+    ),
 )
 
 #: Every column of every table the store writes, in the table's order: table -> columns.

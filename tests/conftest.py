@@ -127,6 +127,37 @@ def store_make_chunk() -> Callable[..., dict[str, pa.Table]]:
     return make
 
 
+@pytest.fixture
+def store_current() -> Callable[[Store, str, pa.Table], pa.Table]:
+    """Factory: ``current(store, sweep, summaries)`` -> ``summaries`` with the source
+    columns of the sweep's stored ``runs`` rows of the same run_id (what ``analyze``
+    records), so that the catalog shows them as current (its views hide the rest)."""
+
+    def current(store: Store, sweep: str, summaries: pa.Table) -> pa.Table:
+        from phasesweep.storage import open_catalog
+
+        runs = (
+            open_catalog(store)
+            .sql("SELECT run_id, attempt, finished_at FROM runs WHERE sweep = ?", params=[sweep])
+            .to_arrow_table()
+        )
+        at = {r: i for i, r in enumerate(runs["run_id"].to_pylist())}
+        rows = pa.array([at[r] for r in summaries["run_id"].to_pylist()], pa.int64())
+        for column, source in (
+            ("source_attempt", "attempt"),
+            ("source_finished_at", "finished_at"),
+        ):
+            i = summaries.schema.get_field_index(column)
+            summaries = summaries.set_column(
+                i,
+                summaries.schema.field(i),
+                runs[source].take(rows).cast(summaries.schema.field(i).type),
+            )
+        return summaries
+
+    return current
+
+
 class Capture(MetricRecorder):
     """The real recorder, also keeping the parameters it saw at every logged step."""
 

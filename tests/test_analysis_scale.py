@@ -11,6 +11,7 @@ import math
 import os
 from datetime import datetime, timezone
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -151,17 +152,28 @@ def test_run_batches_of_an_empty_or_unknown_sweep(tmp_path):
         list(run_batches(store, "nothing", [], [], 0))
 
 
-def test_analysis_writer_streams_and_replaces_atomically(tmp_path, store_make_table, monkeypatch):
+def test_analysis_writer_streams_and_replaces_atomically(
+    tmp_path, store_make_table, store_make_chunk, store_current, monkeypatch
+):
     from phasesweep.storage import _writer
 
     store = Store.open(str(tmp_path))
     folder = tmp_path / "plateaus" / "sweep=s"
+    # the runs of the plateaus, with current summaries: the view shows their plateaus
+    ids = [f"run_id-{i}" for i in range(5)]
+    store.write_chunk("s", "c0", store_make_chunk(ids))
+    summaries = store_make_table(schema.SUMMARIES, len(ids), run_id=ids)
+    store.write_analysis("s", "summaries", store_current(store, "s", summaries))
 
-    def stored() -> pa.Table:
-        return open_catalog(store).sql("SELECT * EXCLUDE (sweep) FROM plateaus").to_arrow_table()
+    def stored() -> pa.Table:  # in a fixed order (the view joins the runs' summaries)
+        sql = "SELECT * EXCLUDE (sweep) FROM plateaus ORDER BY ALL"
+        return open_catalog(store).sql(sql).to_arrow_table()
+
+    def ordered(rows: pa.Table) -> pa.Table:
+        return duckdb.sql("SELECT * FROM rows ORDER BY ALL").to_arrow_table()
 
     parts = [store_make_table(schema.PLATEAUS, n, seed=n) for n in (3, 0, 5, 4)]
-    want = schema.to_table("plateaus", pa.concat_tables(parts))
+    want = ordered(schema.to_table("plateaus", pa.concat_tables(parts)))
     monkeypatch.setattr(_writer, "STREAM_ROW_GROUP", 4)  # row groups of >= 4 rows
     with store.analysis_writer("s", "plateaus") as write:
         for p in parts:
@@ -182,7 +194,7 @@ def test_analysis_writer_streams_and_replaces_atomically(tmp_path, store_make_ta
     assert os.listdir(folder) == ["data.parquet"] and stored().equals(want)
     # write_analysis is the one-table case
     store.write_analysis("s", "plateaus", parts[3])
-    assert stored().equals(schema.to_table("plateaus", parts[3]))
+    assert stored().equals(ordered(schema.to_table("plateaus", parts[3])))
 
 
 # --------------------------------------------------------------------------- analyze
@@ -197,9 +209,13 @@ _ORDER = {
 
 def _stored(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
     con = open_catalog(store)
-    return {
-        name: con.sql(f"SELECT * EXCLUDE (sweep) FROM {name} WHERE sweep = ?", params=[sweep])
-        .to_arrow_table()
+    return {  # in the store's types (DuckDB names the time zone Etc/UTC)
+        name: schema.to_table(
+            name,
+            con.sql(
+                f"SELECT * EXCLUDE (sweep) FROM {name} WHERE sweep = ?", params=[sweep]
+            ).to_arrow_table(),
+        )
         .to_pandas()
         .sort_values(order, ignore_index=True)
         for name, order in _ORDER.items()
@@ -215,6 +231,17 @@ def _whole_sweep(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
     runs, traj = read_inputs(open_catalog(store), sweep)
     cfg = spec.analysis if spec is not None else None
     tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
+    # analyze records what each summary was computed from: the run's stored runs row
+    source = (
+        open_catalog(store)
+        .sql("SELECT run_id, attempt, finished_at FROM runs WHERE sweep = ?", params=[sweep])
+        .df()
+        .set_index("run_id")
+    )
+    summaries = tables["summaries"].to_pandas()
+    summaries["source_attempt"] = summaries["run_id"].map(source["attempt"])
+    summaries["source_finished_at"] = summaries["run_id"].map(source["finished_at"])
+    tables = {**tables, "summaries": schema.to_table("summaries", summaries)}
     return {
         name: tables[name].to_pandas().sort_values(order, ignore_index=True)
         for name, order in _ORDER.items()

@@ -139,7 +139,11 @@ def test_status_and_query_say_what_damage_leaves_out_in_one_line(
     code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM manifest", *at)
     assert code == 1 and out == ""
     one_line(err, bad["entry"])
+    # summaries shows the rows of stored runs (it reads runs, damaged); scaling_fits does not
     code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM summaries", *at)
+    assert code == 1 and out == ""
+    one_line(err, bad["zero"])
+    code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM scaling_fits", *at)
     assert code == 0 and err == "" and out.split()[-3:] == ["0", "(1", "row)"]
 
 

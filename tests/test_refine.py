@@ -459,7 +459,7 @@ def test_real_refinement_store_table_and_overlay(tmp_path):
     xs = np.log10([0.1, 0.3, 1.0])
     want = np.interp(np.log10(frame["boundary"]), xs, [0.5, 1.5, 2.5])
     line = ax.lines[before]
-    assert np.allclose(line.get_xdata(), want) and np.allclose(line.get_ydata(), [0.5, 1.5])
+    assert np.allclose(line.get_xdata(), want) and np.allclose(line.get_ydata(), [0.85, 1.85])
     plt.close(fig)
     # the parent's own phase diagram carries the overlay, and its report the table
     from phasesweep.analysis import draw, report

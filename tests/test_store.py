@@ -377,13 +377,17 @@ def test_failed_run_is_not_done_and_a_later_success_wins(tmp_path, store_make_ch
     assert [r[0] for r in got.fetchall()] == retry["trajectories"].column("train_loss").to_pylist()
 
 
-def test_write_analysis_replaces_partition(tmp_path, store_make_table):
+def test_write_analysis_replaces_partition(
+    tmp_path, store_make_table, store_make_chunk, store_current
+):
     store = Store.open(str(tmp_path))
+    for sweep in ("s", "t"):  # the runs the summaries are of (the view shows current ones)
+        store.write_chunk(sweep, "c0", store_make_chunk(["r1", "r2"]))
     old = store_make_table(schema.SUMMARIES, 2, run_id=["r1", "r2"], regime=["lazy", "rich"])
-    store.write_analysis("s", "summaries", old)
-    store.write_analysis("t", "summaries", old.slice(0, 1))
+    store.write_analysis("s", "summaries", store_current(store, "s", old))
+    store.write_analysis("t", "summaries", store_current(store, "t", old.slice(0, 1)))
     new = store_make_table(schema.SUMMARIES, 1, seed=1, run_id=["r2"], regime=["diverged"])
-    store.write_analysis("s", "summaries", new)
+    store.write_analysis("s", "summaries", store_current(store, "s", new))
     con = open_catalog(store)
     got = con.sql("SELECT sweep, run_id, regime, escape_time FROM summaries ORDER BY sweep")
     assert got.fetchall() == [
@@ -394,10 +398,7 @@ def test_write_analysis_replaces_partition(tmp_path, store_make_table):
     store.write_analysis("s", "summaries", old.slice(0, 0))
     con = open_catalog(store)
     assert con.sql("SELECT sweep FROM summaries").fetchall() == [("t",)]
-    assert _all_files(tmp_path) == [
-        "summaries/sweep=s/data.parquet",
-        "summaries/sweep=t/data.parquet",
-    ]
+    assert _all_files(tmp_path / "summaries") == ["sweep=s/data.parquet", "sweep=t/data.parquet"]
 
 
 def test_concurrent_writers_same_sweep(tmp_path, store_make_chunk):

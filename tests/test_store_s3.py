@@ -96,9 +96,13 @@ def test_s3_uncommitted_attempt_is_invisible(s3_store, store_make_chunk, monkeyp
     assert run_query(s3_store, "SELECT count(*) AS n FROM trajectories") == (["n"], [(3,)])
 
 
-def test_s3_write_analysis_replaces(s3_store, store_make_table):
+def test_s3_write_analysis_replaces(s3_store, store_make_table, store_make_chunk, store_current):
     from phasesweep.storage import schema
 
+    # the runs of the plateaus, with current summaries: the view shows their plateaus
+    s3_store.write_chunk("s", "c0", store_make_chunk(["a", "b", "c"]))
+    summaries = store_make_table(schema.SUMMARIES, 3, run_id=["a", "b", "c"])
+    s3_store.write_analysis("s", "summaries", store_current(s3_store, "s", summaries))
     first = store_make_table(schema.PLATEAUS, 3, run_id=["a", "a", "b"])
     second = store_make_table(schema.PLATEAUS, 1, seed=1, run_id=["c"])
     s3_store.write_analysis("s", "plateaus", first)

@@ -61,11 +61,17 @@ def phase_diagram_figure(
     the cell's runs) is lazy or rich: a cell without one (not converged, diverged, or
     NULL, e.g. ``analysis.at_time`` beyond its runs) has no lazy/rich side. Cells where
     every run diverged are hatched grey and labelled "div"; cells where some diverged
-    carry "k/n div". The legend lists only what is drawn. ``ax``: draw in its place (a
+    carry "k/n div". Cells with a run without a current summary (``n_analyzed`` below
+    ``n_runs``: new points, runs trained again) are hatched and labelled "not analyzed",
+    never coloured as a value. The legend lists only what is drawn. ``ax``: draw in its place (a
     subfigure, facets split into a grid) instead of a new figure.
     ``boundaries``: rows of the ``boundaries`` table along ``x`` (``phasesweep refine``),
-    drawn over the cells with their brackets and seed crossings, per facet value.
+    drawn over the cells with their brackets and seed crossings, per facet value; only
+    those of ``value``'s own metric (a boundary of another metric says nothing of these
+    colours), labelled with the metric and level.
     """
+    if boundaries is not None and "metric" in boundaries.columns:
+        boundaries = boundaries[boundaries["metric"] == value]
     facets = [None] if facet is None else sorted_values(cells["facet"])
     xs = sorted_values(cells["x"])
     ys = sorted_values(cells["y"])
@@ -88,6 +94,7 @@ def phase_diagram_figure(
     cmap = base.with_extremes(under=base(0.0))
     drawn = {
         "diverged": False,
+        "not_analyzed": False,
         "not_converged": False,
         "contour": False,
         "boundary": False,
@@ -109,6 +116,7 @@ def phase_diagram_figure(
             nconv = np.zeros(grid.shape, dtype=bool)
             sided = np.zeros(grid.shape, dtype=bool)  # regime lazy or rich
             ndiv = np.zeros_like(grid)
+            unanalyzed = np.zeros(grid.shape, dtype=bool)
             for row in sub.itertuples(index=False):
                 if row.x not in xs or row.y not in ys:
                     continue
@@ -116,10 +124,14 @@ def phase_diagram_figure(
                 grid[i, j] = np.nan if pd.isna(row.value) else row.value
                 nrun[i, j] = row.n_runs
                 ndiv[i, j] = row.n_diverged
+                unanalyzed[i, j] = getattr(row, "n_analyzed", row.n_runs) < row.n_runs
+                if unanalyzed[i, j]:
+                    grid[i, j] = np.nan  # a partial mean is no value of the cell
                 regime = getattr(row, "regime", None)
                 nconv[i, j] = regime == "not_converged"
                 sided[i, j] = regime in ("lazy", "rich")
-            shown = grid if not log else np.where(grid > 0, grid, norm.vmin * 0.5)
+            # values at or below 0 take the lowest colour on a log scale; NaN stays blank
+            shown = grid if not log else np.where(~(grid <= 0), grid, norm.vmin * 0.5)
             mesh = a.pcolormesh(
                 np.arange(len(xs) + 1),
                 np.arange(len(ys) + 1),
@@ -133,6 +145,23 @@ def phase_diagram_figure(
             for i in range(len(ys)):
                 for j in range(len(xs)):
                     if nrun[i, j] == 0:
+                        continue
+                    if unanalyzed[i, j]:
+                        drawn["not_analyzed"] = True
+                        a.add_patch(
+                            Rectangle(
+                                (j, i),
+                                1,
+                                1,
+                                fill=False,
+                                hatch=NOT_ANALYZED_HATCH,
+                                edgecolor=style.DIVERGED_COLOR,
+                                linewidth=0.0,
+                            )
+                        )
+                        a.text(
+                            j + 0.5, i + 0.5, "not\nanalyzed", ha="center", va="center", fontsize=7
+                        )
                         continue
                     if ndiv[i, j] == nrun[i, j]:
                         drawn["diverged"] = True
@@ -235,6 +264,15 @@ def phase_diagram_figure(
                     label="all runs diverged",
                 )
             )
+        if drawn["not_analyzed"]:
+            handles.append(
+                Patch(
+                    facecolor="white",
+                    hatch=NOT_ANALYZED_HATCH,
+                    edgecolor=style.DIVERGED_COLOR,
+                    label="not analyzed: phasesweep analyze",
+                )
+            )
         if drawn["not_converged"]:
             handles.append(
                 Patch(
@@ -264,7 +302,10 @@ def phase_diagram_figure(
                     color=BOUNDARY_COLOR,
                     marker="D",
                     lw=1.2,
-                    label="refined boundary (bar: bracket, ticks: seeds)",
+                    mfc="none",
+                    label=f"refined boundary of {short_label(value)} at level "
+                    + ", ".join(f"{v:g}" for v in sorted(set(boundaries["level"])))
+                    + " (bar: bracket, ticks: seeds)",
                 )
             )
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
@@ -277,6 +318,10 @@ def phase_diagram_figure(
         )
 
 
+#: The hatch of a cell whose runs are not all analyzed (no value to colour it by).
+NOT_ANALYZED_HATCH = "///"
+
+
 class PhaseDiagram(FigureKind):
     kind = "phase_diagram"
     order = 10
@@ -286,7 +331,8 @@ class PhaseDiagram(FigureKind):
         "where it spans decades). Red line: the lazy/rich threshold of the analysis, drawn "
         "through the cells with a lazy or rich regime only. Grey hatched cells (“div”):"
         " every run diverged; pink dotted cells (“not conv.”): most runs did not "
-        "converge (final loss above analysis.converged_loss_frac of the initial one)."
+        "converge (final loss above analysis.converged_loss_frac of the initial one). "
+        "Grey striped cells (“not analyzed”): runs without a current summary (analyze)."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:
@@ -324,7 +370,8 @@ class PhaseDiagram(FigureKind):
         cells = ctx.con.execute(self.sql(p, ctx)).df()
         if cells.empty:
             raise Unavailable(f"no runs match where = {p.where!r}")
-        if cells["value"].notna().sum() == 0 and (cells["n_diverged"] < cells["n_runs"]).any():
+        valued = (cells["n_diverged"] < cells["n_runs"]) & (cells["n_analyzed"] == cells["n_runs"])
+        if cells["value"].notna().sum() == 0 and valued.any():
             raise Unavailable(f"{p.value} is NULL for every completed run")
         cfg = ctx.cfg
         thr = None

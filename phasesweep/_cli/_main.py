@@ -20,6 +20,7 @@ import phasesweep
 from phasesweep import _api
 from phasesweep._cli._analysis import Analyze, Plot, Report
 from phasesweep._cli._base import (
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
@@ -117,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(e, (*_api.input_errors(), SqlError)):
             print(f"phasesweep: {e}", file=sys.stderr)
             return EXIT_INVALID
+        if isinstance(e, _api.failures()):
+            print(f"phasesweep: {e}", file=sys.stderr)
+            return EXIT_FAILED
         print(
             f"phasesweep: unexpected error: {type(e).__name__}: {paragraph(e)}"
             + ("" if args.debug else " (rerun with --debug for the traceback)"),

@@ -34,6 +34,12 @@ class Status(Command):
                 f"{status.done} of {status.total} points done, "
                 f"{status.total - status.done} remaining"
             )
+        for sweep, n in status.unanalyzed.items():
+            print(
+                f"sweep {sweep}: {n} run(s) have no current summary (new, trained again or "
+                f"never analyzed): `phasesweep analyze {sweep}` computes them (plot and report "
+                "do it first)"
+            )
         damaged = store.damaged_files(args.sweep)
         if damaged:
             print(damage_line(damaged, "the counts leave out what is in"), file=sys.stderr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -380,6 +380,10 @@ class Status:
 
     counts: list[tuple[str, str, int]]  # (sweep, status, runs)
     total: int | None  # points of the sweep's grid; None for all sweeps or without a spec
+    #: sweep -> its runs without a current summary (new, trained again or never analyzed:
+    #: figures cannot show them until ``analyze``, which plot and report run first); sweeps
+    #: with none are left out
+    unanalyzed: dict[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> int:
@@ -403,8 +407,14 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
         f"SELECT sweep, status, count(*) AS runs FROM runs {where} "
         "GROUP BY sweep, status ORDER BY sweep, status",
     )
+    _, unanalyzed = run_query(  # the runs the summaries view has no current row of
+        store,
+        f"SELECT sweep, count(*) FROM runs AS r {where or 'WHERE true'} AND NOT EXISTS "
+        "(SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id) "
+        "GROUP BY sweep ORDER BY sweep",
+    )
     total = None
     if sweep is not None:
         spec = stored_spec(store, sweep)
         total = None if spec is None else grid_size(spec)
-    return Status([tuple(r) for r in rows], total)
+    return Status([tuple(r) for r in rows], total, dict(unanalyzed))
