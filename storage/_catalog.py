@@ -296,9 +296,11 @@ def sql_string(text: str) -> str:
 
 #: The runs of the sweep ``$sweep`` without a current summary (new points, points trained
 #: again after a repair, an extended grid, a sweep never analyzed), on a catalog connection.
-UNANALYZED_SQL = """
-SELECT r.* FROM runs AS r WHERE r.sweep = $sweep
-AND NOT EXISTS (SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id)"""
+#: A ``runs`` row ``r`` without a current summary (the ``summaries`` view shows current ones).
+UNANALYZED = (
+    "NOT EXISTS (SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id)"
+)
+UNANALYZED_SQL = f"SELECT r.* FROM runs AS r WHERE r.sweep = $sweep AND {UNANALYZED}"
 
 
 def run_batches(

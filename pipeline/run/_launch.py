@@ -44,7 +44,7 @@ from phasesweep.pipeline.spec import (
     parse_yaml,
     validate_spec,
 )
-from phasesweep.storage._catalog import sql_string
+from phasesweep.storage._catalog import UNANALYZED, sql_string
 from phasesweep.storage._store import Store, as_store
 
 #: What a spec can be given as: a YAML file, a raw dict (as in YAML), or a validated spec.
@@ -409,8 +409,7 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
     )
     _, unanalyzed = run_query(  # the runs the summaries view has no current row of
         store,
-        f"SELECT sweep, count(*) FROM runs AS r {where or 'WHERE true'} AND NOT EXISTS "
-        "(SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id) "
+        f"SELECT sweep, count(*) FROM runs AS r {where or 'WHERE true'} AND {UNANALYZED} "
         "GROUP BY sweep ORDER BY sweep",
     )
     total = None
