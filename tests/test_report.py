@@ -334,12 +334,12 @@ def test_report_states_its_provenance(prov_store, tmp_path):
 def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
     from phasesweep.analysis._report import code_commit
 
-    import phasesweep
+    from phasesweep import _version
 
     outside = tmp_path / "site-packages" / "phasesweep"
     outside.mkdir(parents=True)
-    (outside / "__init__.py").write_text("")
-    monkeypatch.setattr(phasesweep, "__file__", str(outside / "__init__.py"))
+    (outside / "_version.py").write_text("")
+    monkeypatch.setattr(_version, "__file__", str(outside / "_version.py"))
     assert code_commit() == "unknown"
     text = report(prov_store, "prov", tmp_path / "out").read_text(encoding="utf-8")
     assert "(commit unknown)" in text and "launch-argv" not in text
