@@ -464,8 +464,9 @@ def verify(
     With ``repair``: unreadable files go to the quarantine, orphans and leftover temp
     files are deleted, missing or wrong manifest entries are written anew, and runs whose
     rows are lost are taken out of their commit, so a relaunch trains them again.
-    Returns a report: ``problems`` (one line each; ``ok`` when there are none) and
-    ``actions`` (what the repair did).
+    Returns a report: ``problems`` (one line each), ``actions`` (what the repair did) and,
+    after a repair, ``left`` (what a verify then finds); ``ok`` when nothing is wrong, or
+    nothing is left after the repair.
     """
     from phasesweep.storage import verify as verify_store
 

@@ -521,7 +521,7 @@ class Store:
             try:
                 entries.append(check_entry(json.loads(_bytes_or_raise(blob))))
             except (ValueError, TypeError, KeyError) as e:
-                bad.append(Damage(path, f"manifest entry unreadable: {str(e)[:200]}"))
+                bad.append(Damage(path, f"manifest entry unreadable: {sentences(str(e))}"))
         return sort_entries(entries), bad
 
     def _manifest_dir(self, sweep: str) -> str:
@@ -547,6 +547,23 @@ def _warn(damage: list[Damage]) -> None:
             "(`phasesweep verify --repair` fixes the store)"
         )
         warnings.warn(DamagedFileWarning(message, d), stacklevel=3)
+
+
+#: Characters of an error message that a one-line report keeps (whole sentences).
+MESSAGE_CHARS = 300
+
+
+def sentences(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` (an error message) on one line, of at most ``limit`` characters where that
+    ends a sentence: the whole sentences that fit, or the first sentence whole when it alone
+    is longer. A report line is never cut mid-sentence ("…Either the file is corrupted or")."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)", flat)] + [len(flat)]
+    fitting = [e for e in ends if e <= limit]
+    cut = fitting[-1] if fitting else ends[0]
+    return flat[:cut] + (" …" if cut < len(flat) else "")
 
 
 def _bytes_or_raise(value: bytes | BaseException) -> bytes:

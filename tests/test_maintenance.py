@@ -232,9 +232,15 @@ def test_verify_lists_problems_and_repair_fixes_them(
         hits = [p for p in problems if p.startswith(f"problem: {sweep}: ") and what in p]
         assert [p for p in hits if rel in p], (what, rel, problems)
     assert len(problems) == len(expect) + 1, "\n".join(problems)  # a2_1 lost its rows too
+    # the reader's message is kept whole: no line ends mid-sentence
+    (unreadable,) = [p for p in problems if "unreadable file" in p and "part-c2-" in p]
+    assert unreadable.endswith("Either the file is corrupted or this is not a parquet file.")
 
     report = verify(store, repair=True)
     assert len(report.problems) == len(problems) and report.actions
+    # what the repair leaves is what a verify then finds: the duplicate only
+    assert report.left == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
+    assert not report.ok
     quarantined = sorted(
         os.path.relpath(os.path.join(d, f), tmp_path / "quarantine")
         for d, _, fs in os.walk(tmp_path / "quarantine")
@@ -268,11 +274,12 @@ def test_verify_lists_problems_and_repair_fixes_them(
 
     # what is left cannot be repaired: the duplicate
     left = verify(store, repair=True)
-    assert left.problems == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
+    assert left.problems == left.left == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
     assert left.actions == []  # repairing again changes nothing
     proc = phasesweep_cli(["verify", "b", "--store", str(tmp_path), "--repair"])
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1 and "repaired" not in out
+    assert proc.returncode == 1 and not [x for x in out.splitlines() if x.startswith("repaired")]
+    assert "not repaired: b: run b0_0 has 2 committed rows" in out and "ok:" not in out
 
 
 def _entry_path_a_c1(report) -> str:
@@ -490,7 +497,9 @@ def test_repair_then_relaunch_trains_exactly_what_was_lost(
     assert len(lost) == 3
     _truncate(str(victim))
     code, out, _ = cli("verify", "--store", str(store), "--repair")
-    assert code == 1 and "repaired: " in out
+    # everything found is repaired: exit 0, so `verify --repair && phasesweep run …` chains
+    assert code == 0 and "problem: " in out and "repaired: " in out, out
+    assert out.splitlines()[-1].startswith("ok: ") and "not repaired" not in out, out
     code, out, err = cli("verify", "--store", str(store))
     assert code == 0 and out.startswith("ok"), out + err
     code, out, _ = cli("status", "tiny", "--store", str(store))
