@@ -88,7 +88,9 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
 
     A local store exists when its directory does; an object store when its prefix
     holds any object. Reading commands need an existing store (a typo in a path is
-    not an empty store); ``run`` creates it. Raises :class:`StoreError`.
+    not an empty store); ``run`` creates it in a new or empty folder. A folder (or prefix)
+    that holds something but no store's folders is "not a phasesweep store", for reading
+    and writing alike. Raises :class:`StoreError`.
     """
     from phasesweep.storage import Store, resolve_store_uri
 
@@ -101,8 +103,16 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
             raise StoreError(resolve_store_uri(store), str(e)) from None
     try:
         exists = opened.exists()
+        foreign = opened.foreign()
     except Exception as e:  # botocore/aiohttp connection errors have no common base
         raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise StoreError(
+            opened.uri,
+            f"not a phasesweep store: it holds {shown} and no store's folders (give --store "
+            "the folder `phasesweep run` wrote, or a new or empty one to create a store)",
+        )
     if must_exist and not exists:
         raise StoreError(
             opened.uri,

@@ -41,6 +41,11 @@ from phasesweep._config import SWEEP_NAME
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"
 
+#: The folders a store's root may hold (see the layout above; ``claims`` and
+#: ``checkpoints`` of launches under way, ``quarantine`` of ``verify --repair``): a
+#: root that holds something, none of it these, is not a store (``Store.foreign``).
+ROOT_NAMES = frozenset({*schema.TABLES, "manifest", "specs", "claims", "checkpoints", "quarantine"})
+
 _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _TABLES = schema.TABLES
 _MAGIC = b"PAR1"
@@ -149,6 +154,14 @@ class Store:
         """Whether the store is there: a local folder, or an object-store prefix holding an
         object. Errors reaching an object store propagate."""
         return self.backend.root_exists()
+
+    def foreign(self) -> list[str]:
+        """What the root holds when it holds something but no store: its names (sorted),
+        none of which is one of :data:`ROOT_NAMES`. Empty for a store, an empty folder or
+        prefix, or a missing one: so a mistyped path that exists (a folder of specs, a
+        home directory) is never read as an empty store, nor written into by ``run``."""
+        names = self.backend.root_names()
+        return [] if not names or ROOT_NAMES.intersection(names) else names
 
     def local_path(self, relative: str) -> str | None:
         """``relative`` (a '/'-separated path under the root) as a path of this machine
