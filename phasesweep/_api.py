@@ -575,17 +575,16 @@ class Answer:
 
 def answer(sql: str, store: Store | str | Path | None = None) -> Answer:
     """One read-only SQL statement over the store's views (``phasesweep query``): the
-    Arrow table of :func:`arrow_table`, and the damaged files it skipped of the tables the
-    statement reads (a damaged file of another table cannot change the answer)."""
+    Arrow table of :func:`arrow_table`, and the damaged files it skipped that it would have
+    read (``storage._query.damage_read``: a damaged file of another table, or of a sweep
+    its filters leave out, cannot change the answer)."""
     from phasesweep.storage import query_table
-    from phasesweep.storage._catalog import tables_read
+    from phasesweep.storage._query import damage_read
 
     opened = open_store(store)
     with collect_damage() as skipped:
         table = query_table(opened, sql)
-    read = tables_read(sql)
-    missing = [d for d in skipped.values() if opened.relative(d.path).split("/")[0] in read]
-    return Answer(table, missing)
+    return Answer(table, damage_read(opened, sql, list(skipped.values())))
 
 
 def disconnect_ray() -> None:

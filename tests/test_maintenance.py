@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -141,6 +142,59 @@ def test_status_and_query_say_what_damage_leaves_out_in_one_line(
     one_line(err, bad["entry"])
     code, out, err = _cli(phasesweep_cli, "query", "SELECT count(*) FROM summaries", *at)
     assert code == 0 and err == "" and out.split()[-3:] == ["0", "(1", "row)"]
+
+
+#: Queries whose answers hold no row of sweep ``a``: DuckDB's plan prunes its partitions.
+_NOT_OF_A = [
+    "SELECT count(*) AS n FROM trajectories WHERE sweep = 'b'",
+    "SELECT count(*) AS n FROM trajectories WHERE sweep <> 'a'",
+    "SELECT count(*) AS n FROM layers l JOIN runs r USING (sweep, run_id) WHERE r.sweep = 'b'",
+    "SELECT count(*) AS n FROM runs WHERE sweep = 'b'",
+]
+#: Queries whose answers hold rows of sweep ``a``'s trajectories.
+_OF_A = [
+    "SELECT count(*) AS n FROM trajectories WHERE sweep = 'a'",
+    "SELECT sweep, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY ALL",
+]
+
+
+@pytest.mark.parametrize("table", ["trajectories", "runs"])
+def test_a_damaged_file_blocks_only_the_answers_it_is_part_of(
+    tmp_path, store_make_chunk, capsys, table
+):
+    """One file of sweep ``a`` damaged (its trajectories, or its runs: the commit of its
+    trajectories): a query whose filters leave sweep ``a`` out answers exactly what the
+    whole store answered, exit 0 and nothing on stderr; one that reads it refuses (exit 1,
+    naming the file) and ``--allow-partial`` answers from the rest, saying so."""
+    from phasesweep._cli import main
+
+    store = Store.open(str(tmp_path))
+    _fill(store, store_make_chunk)
+    whole = {sql: run_query(store, sql)[1] for sql in _NOT_OF_A + _OF_A}
+    damaged = _file_of(store, table, "a", "c2")
+    _truncate(damaged)
+    at = ["--store", str(tmp_path), "--format", "json"]
+
+    def rows(out: str) -> list[tuple]:
+        return [tuple(r.values()) for r in json.loads(out)]
+
+    for sql in _NOT_OF_A:
+        assert main(["query", sql, *at]) == 0, sql
+        out, err = capsys.readouterr()
+        assert err == "" and rows(out) == whole[sql], (sql, err)
+    for sql in _OF_A:
+        assert main(["query", sql, *at]) == 1, sql
+        out, err = capsys.readouterr()
+        assert out == "" and damaged in err and "--allow-partial" in err, (sql, err)
+        assert main(["query", sql, *at, "--allow-partial"]) == 0, sql
+        out, err = capsys.readouterr()
+        with pytest.warns(DamagedFileWarning):
+            partial = run_query(store, sql)[1]
+        assert rows(out) == partial != whole[sql] and "a partial answer" in err, (sql, err)
+    # runs is not read by a query of trajectories' sweep b alone, and is by one of runs
+    sql = "SELECT count(*) AS n FROM runs"
+    assert main(["query", sql, *at]) == (1 if table == "runs" else 0)
+    capsys.readouterr()
 
 
 def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
