@@ -105,9 +105,9 @@ def test_relaunch_with_a_changed_spec_is_refused_with_a_diff_unless_it_extends(
     refused = [
         (["--set", "train.steps=40"], "train.steps: 20 → 40", "--set name=tiny_2"),
         (["--set", "train.steps=40", "--extend"], "train.steps: 20 → 40", "--set name=tiny_2"),
-        (["--set", "grid.seed=[0,1,2,3]"], "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
-        (["--set", "grid.seed=[0,7]"], "grid.train.seed: [0, 1, 2] → [0, 7]", "--extend"),
-        (["--set", "grid.width=[8,16]"], "grid.model.width: (absent) → [8, 16]", "--extend"),
+        (["--set", "grid.seed=[0,1,2,3]"], "grid.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
+        (["--set", "grid.seed=[0,7]"], "grid.seed: [0, 1, 2] → [0, 7]", "--extend"),
+        (["--set", "grid.width=[8,16]"], "grid.width: (absent) → [8, 16]", "--extend"),
     ]
     for args, diff, hint in refused:
         assert main([*base, *args]) == 2
@@ -187,7 +187,7 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
         "grid.seed=[0,1,2,3]",
     ]
     assert main(grown) == 2  # a changed grid needs --extend
-    assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
+    assert "grid.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
     assert main([*grown, "--extend"]) == 0
     assert "skipping 6 already stored; training 2" in capsys.readouterr().err
     assert main([*grown[:-1], "grid.seed=[3]"]) == 0  # a part of the stored grid
