@@ -6,16 +6,16 @@ layer over one of these functions)::
 
     import phasesweep
 
-    spec = phasesweep.load_spec(
-        "sweeps/quickstart.yaml", ["train.steps=300", "analysis.at_time=150"]  # t = 300 x 0.5
-    )
-    phasesweep.run(spec, "results")                  # phasesweep run
-    phasesweep.status("quickstart", "results")       # phasesweep status
-    phasesweep.table("SELECT * FROM runs", "results")   # phasesweep query -> DataFrame
-    phasesweep.analyze("quickstart", "results")      # phasesweep analyze
-    cells = phasesweep.phase_diagram("quickstart", "results")
-    fig = phasesweep.draw("loss_curves", "results", "quickstart", ax=ax)
-    phasesweep.verify("quickstart", "results")       # phasesweep verify
+    # a shorter quickstart, as a sweep of its own (a stored sweep keeps its config)
+    short = ["name=quickstart_short", "train.steps=300", "analysis.at_time=150"]  # t = 300 x 0.5
+    spec = phasesweep.load_spec("sweeps/quickstart.yaml", short)
+    phasesweep.run(spec, "results")                         # phasesweep run
+    phasesweep.status("quickstart_short", "results")        # phasesweep status
+    phasesweep.table("SELECT * FROM runs", "results")       # phasesweep query -> DataFrame
+    phasesweep.analyze("quickstart_short", "results")       # phasesweep analyze
+    cells = phasesweep.phase_diagram("quickstart_short", "results")
+    fig = phasesweep.draw("loss_curves", "results", "quickstart_short")  # or ax=an Axes
+    phasesweep.verify("quickstart_short", "results")        # phasesweep verify
 
 Importing :mod:`phasesweep` is cheap: torch, Ray, DuckDB and matplotlib load on first
 use of a function that needs them. The layout's folders are installed under this one

@@ -88,7 +88,9 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
 
     A local store exists when its directory does; an object store when its prefix
     holds any object. Reading commands need an existing store (a typo in a path is
-    not an empty store); ``run`` creates it. Raises :class:`StoreError`.
+    not an empty store); ``run`` creates it in a new or empty folder. A folder (or prefix)
+    that holds something but no store's folders is "not a phasesweep store", for reading
+    and writing alike. Raises :class:`StoreError`.
     """
     from phasesweep.storage import Store, resolve_store_uri
 
@@ -101,8 +103,16 @@ def open_store(store: Store | str | Path | None = None, *, must_exist: bool = Tr
             raise StoreError(resolve_store_uri(store), str(e)) from None
     try:
         exists = opened.exists()
+        foreign = opened.foreign()
     except Exception as e:  # botocore/aiohttp connection errors have no common base
         raise StoreError(opened.uri, f"cannot reach it: {_first_line(e)}") from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", …" if len(foreign) > 3 else "")
+        raise StoreError(
+            opened.uri,
+            f"not a phasesweep store: it holds {shown} and no store's folders (give --store "
+            "the folder `phasesweep run` wrote, or a new or empty one to create a store)",
+        )
     if must_exist and not exists:
         raise StoreError(
             opened.uri,
@@ -467,8 +477,9 @@ def verify(
     With ``repair``: unreadable files go to the quarantine, orphans and leftover temp
     files are deleted, missing or wrong manifest entries are written anew, and runs whose
     rows are lost are taken out of their commit, so a relaunch trains them again.
-    Returns a report: ``problems`` (one line each; ``ok`` when there are none) and
-    ``actions`` (what the repair did).
+    Returns a report: ``problems`` (one line each), ``actions`` (what the repair did) and,
+    after a repair, ``left`` (what a verify then finds); ``ok`` when nothing is wrong, or
+    nothing is left after the repair.
     """
     from phasesweep.storage import verify as verify_store
 
@@ -575,17 +586,16 @@ class Answer:
 
 def answer(sql: str, store: Store | str | Path | None = None) -> Answer:
     """One read-only SQL statement over the store's views (``phasesweep query``): the
-    Arrow table of :func:`arrow_table`, and the damaged files it skipped of the tables the
-    statement reads (a damaged file of another table cannot change the answer)."""
+    Arrow table of :func:`arrow_table`, and the damaged files it skipped that it would have
+    read (``storage._query.damage_read``: a damaged file of another table, or of a sweep
+    its filters leave out, cannot change the answer)."""
     from phasesweep.storage import query_table
-    from phasesweep.storage._catalog import tables_read
+    from phasesweep.storage._query import damage_read
 
     opened = open_store(store)
     with collect_damage() as skipped:
         table = query_table(opened, sql)
-    read = tables_read(sql)
-    missing = [d for d in skipped.values() if opened.relative(d.path).split("/")[0] in read]
-    return Answer(table, missing)
+    return Answer(table, damage_read(opened, sql, list(skipped.values())))
 
 
 def disconnect_ray() -> None:

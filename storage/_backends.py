@@ -85,6 +85,14 @@ class Backend(ABC):
         """Whether the store is there (an object store: its prefix holds an object)."""
         return self.fs.exists(self.root)
 
+    def root_names(self) -> list[str]:
+        """Sorted names of what the root holds, one level deep (none where it is missing)."""
+        try:
+            listed = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(posixpath.basename(str(p).rstrip("/")) for p in listed)
+
     def tails(self, paths: list[str], sizes: list[int]) -> list[bytes | BaseException]:
         """The last 8 bytes of every path (of the given sizes): a ``FileNotFoundError`` in
         place of one that vanished, another exception where one cannot be read. One
@@ -118,6 +126,14 @@ class LocalBackend(Backend):
 
     def root_exists(self) -> bool:
         return self.fs.isdir(self.root)
+
+    def root_names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:  # a file where the store should be: not a store
+            return [posixpath.basename(self.root)]
 
     def tails(self, paths: list[str], sizes: list[int]) -> list[bytes | BaseException]:
         tails: list[bytes | BaseException] = []

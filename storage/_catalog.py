@@ -59,6 +59,10 @@ _TABLES = {
 _SWEEP = pa.field("sweep", pa.string())
 
 #: The SQL of each view over ``_raw`` (the table's rows, ``sweep`` included), in order.
+#: ``trajectories`` and ``layers`` join ``runs`` (one row per sweep and run_id: the join
+#: keeps each row at most once, as a semi join would) by an inner join, through which
+#: DuckDB carries a filter on ``sweep`` to both scans: a query of one sweep then plans no
+#: read of another sweep's ``runs`` files (``storage._query.damage_read``).
 _VIEWS = {
     "runs": """
 SELECT sweep, * EXCLUDE (sweep) FROM _raw
@@ -69,7 +73,8 @@ QUALIFY row_number() OVER (
     **{
         table: """
 SELECT t.sweep, t.* EXCLUDE (sweep) FROM _raw AS t
-SEMI JOIN runs AS r ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt"""
+JOIN (SELECT sweep, run_id, attempt FROM runs) AS r
+ON t.sweep = r.sweep AND t.run_id = r.run_id AND t.attempt = r.attempt"""
         for table in ("trajectories", "layers")
     },
     # a summary is shown while it is current: its run's runs row is the one it was computed

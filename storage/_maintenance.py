@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from phasesweep.storage import schema
 from phasesweep.storage._catalog import catalog_connection, snapshot
 from phasesweep.storage._manifest import encode_entry, manifest_entry
-from phasesweep.storage._store import Store, as_store
+from phasesweep.storage._store import Store, as_store, sentences
 from phasesweep.storage._writer import parquet_bytes
 
 #: Files of an attempt without a commit, and hidden temp files, younger than this are
@@ -42,14 +42,19 @@ _KEYS["layers"] = ["run_id", "attempt", "step", "layer"]
 
 @dataclass
 class Report:
-    """What ``verify`` found (``problems``) and what ``--repair``/``compact`` did (``actions``)."""
+    """What ``verify`` found (``problems``) and what ``--repair``/``compact`` did (``actions``);
+    after a repair, what a ``verify`` then finds (``left``: None when nothing was repaired)."""
 
     problems: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    left: list[str] | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """Whether the store is healthy now: no problem found, or none left after the
+        repair (so ``verify --repair && phasesweep run …`` goes on exactly when the next
+        ``verify`` would pass)."""
+        return not (self.problems if self.left is None else self.left)
 
 
 def verify(
@@ -82,14 +87,16 @@ def verify(
       done, so a relaunch trains exactly these runs again);
     - a completed run with a step twice in ``trajectories`` (not repaired).
 
-    The report's problems are those found before repairing; run it again to see
-    what is left (a repaired store verifies clean but for duplicates). Repairing twice
-    does nothing the second time.
+    The report's problems are those found before repairing; with ``repair`` the store is
+    verified again afterwards and ``left`` holds what that finds (a repaired store verifies
+    clean but for duplicates). Repairing twice does nothing the second time.
     """
     store = as_store(store)
     report = Report()
     for name in [sweep] if sweep is not None else known_sweeps(store):
         _verify_sweep(store, name, repair, min_age_s, report)
+    if repair:
+        report.left = verify(store, sweep, min_age_s=min_age_s).problems
     return report
 
 
@@ -123,7 +130,7 @@ def _verify_sweep(store: Store, sweep: str, repair: bool, min_age: float, report
                 if table in _KEYS:
                     keys[table][path] = whole.select(_KEYS[table])
             except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-                problem(f"unreadable file {store.relative(path)}: {str(e)[:200]}")
+                problem(f"unreadable file {store.relative(path)}: {sentences(str(e))}")
                 damaged[table].append(path)
                 if repair:
                     act(f"quarantined {_quarantine(store, path)}")

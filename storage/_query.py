@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import posixpath
+import tempfile
+from collections.abc import Iterator, Sequence
+
 import duckdb
 import pyarrow as pa
-from phasesweep.storage._catalog import SNAPSHOT_TRIES, catalog_connection, snapshot
-from phasesweep.storage._store import Store, as_store
+import pyarrow.parquet as pq
+from phasesweep.storage import schema
+from phasesweep.storage._catalog import (
+    SNAPSHOT_TRIES,
+    catalog_connection,
+    create_views,
+    locked_connection,
+    snapshot,
+    tables_read,
+)
+from phasesweep.storage._store import Damage, Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 
@@ -60,6 +75,68 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
             if con is not None:
                 con.close()
     raise AssertionError("unreachable: the last try returns or raises")
+
+
+def damage_read(store: Store, sql: str, damage: Sequence[Damage]) -> list[Damage]:
+    """The damaged files of ``damage`` whose rows the answer to ``sql`` (one read-only
+    statement) would read if they were whole: those it leaves out.
+
+    A file of a table the statement does not read (:func:`tables_read`) is never one. A
+    Parquet file of a table it reads is one unless DuckDB's planner prunes its partition:
+    the statement is planned (``EXPLAIN``, nothing runs) over views of the same SQL whose
+    only file is an empty stand-in at the damaged file's partition (``{table}/sweep=S``),
+    and the file counts unless every scan of it is pruned by a filter on ``sweep``
+    (``WHERE sweep = 'b'``, or a join to a table so filtered). A statement that cannot be
+    planned so (``EXPLAIN`` of an ``EXPLAIN``) keeps every file of the tables it reads,
+    as does a damaged manifest entry when it reads ``manifest``: what cannot be shown
+    unread counts as read.
+    """
+    read = tables_read(sql)
+    named = [d for d in damage if store.relative(d.path).split("/")[0] in read]
+    partitions = {_partition(store, d) for d in named if d.path.endswith(".parquet")}
+    partitions.discard(None)
+    if not partitions:
+        return named
+    statement = _read_only_statement(sql)
+    with tempfile.TemporaryDirectory(prefix="phasesweep-probe-") as tmp:
+        scanned = {p for p in partitions if _scans(Store.open(tmp), statement, *p)}
+    return [d for d in named if _partition(store, d) in scanned | {None}]
+
+
+def _partition(store: Store, damage: Damage) -> tuple[str, str] | None:
+    """``(table, sweep)`` of a damaged Parquet file of a table (None for anything else)."""
+    parts = store.relative(damage.path).split("/")
+    if len(parts) != 3 or parts[0] not in schema.TABLES or not parts[1].startswith("sweep="):
+        return None
+    return parts[0], parts[1].removeprefix("sweep=")
+
+
+def _scans(probe: Store, statement: str, table: str, sweep: str) -> bool:
+    """Whether DuckDB's plan of ``statement`` scans partition ``sweep`` of ``table`` (see
+    :func:`damage_read`): ``probe`` is an empty folder for the stand-in file."""
+    path = f"{probe.table_dir(table)}/sweep={sweep}/standin.parquet"
+    os.makedirs(posixpath.dirname(path))
+    pq.write_table(schema.TABLES[table].empty_table(), path)
+    con = locked_connection([path])
+    try:
+        create_views(con, probe, by_duckdb={table}, files={table: [path]})
+        plan = con.execute(f"EXPLAIN (FORMAT json) {statement}").fetchall()
+        nodes = list(_nodes(json.loads(plan[0][1])))
+    except (duckdb.Error, ValueError, IndexError):
+        return True  # cannot be planned so: counted as read
+    finally:
+        con.close()
+    scans = [n.get("extra_info") or {} for n in nodes if n.get("name") == "READ_PARQUET"]
+    # a scan without "Scanning Files: k/n" has no file filter: it reads every file
+    return any(not str(info.get("Scanning Files", "")).startswith("0/") for info in scans)
+
+
+def _nodes(plan: object) -> Iterator[dict]:
+    """Every operator of an ``EXPLAIN (FORMAT json)`` plan."""
+    for node in plan if isinstance(plan, list) else [plan]:
+        if isinstance(node, dict):
+            yield node
+            yield from _nodes(node.get("children", []))
 
 
 def _read_only_statement(sql: str) -> str:

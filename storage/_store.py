@@ -41,6 +41,11 @@ from phasesweep._config import SWEEP_NAME
 #: Store used when neither ``--store`` nor ``$PHASESWEEP_STORE`` is given.
 DEFAULT_STORE = "./results"
 
+#: The folders a store's root may hold (see the layout above; ``claims`` and
+#: ``checkpoints`` of launches under way, ``quarantine`` of ``verify --repair``): a
+#: root that holds something, none of it these, is not a store (``Store.foreign``).
+ROOT_NAMES = frozenset({*schema.TABLES, "manifest", "specs", "claims", "checkpoints", "quarantine"})
+
 _CHUNK_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _TABLES = schema.TABLES
 _MAGIC = b"PAR1"
@@ -149,6 +154,14 @@ class Store:
         """Whether the store is there: a local folder, or an object-store prefix holding an
         object. Errors reaching an object store propagate."""
         return self.backend.root_exists()
+
+    def foreign(self) -> list[str]:
+        """What the root holds when it holds something but no store: its names (sorted),
+        none of which is one of :data:`ROOT_NAMES`. Empty for a store, an empty folder or
+        prefix, or a missing one: so a mistyped path that exists (a folder of specs, a
+        home directory) is never read as an empty store, nor written into by ``run``."""
+        names = self.backend.root_names()
+        return [] if not names or ROOT_NAMES.intersection(names) else names
 
     def local_path(self, relative: str) -> str | None:
         """``relative`` (a '/'-separated path under the root) as a path of this machine
@@ -521,7 +534,7 @@ class Store:
             try:
                 entries.append(check_entry(json.loads(_bytes_or_raise(blob))))
             except (ValueError, TypeError, KeyError) as e:
-                bad.append(Damage(path, f"manifest entry unreadable: {str(e)[:200]}"))
+                bad.append(Damage(path, f"manifest entry unreadable: {sentences(str(e))}"))
         return sort_entries(entries), bad
 
     def _manifest_dir(self, sweep: str) -> str:
@@ -547,6 +560,23 @@ def _warn(damage: list[Damage]) -> None:
             "(`phasesweep verify --repair` fixes the store)"
         )
         warnings.warn(DamagedFileWarning(message, d), stacklevel=3)
+
+
+#: Characters of an error message that a one-line report keeps (whole sentences).
+MESSAGE_CHARS = 300
+
+
+def sentences(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` (an error message) on one line, of at most ``limit`` characters where that
+    ends a sentence: the whole sentences that fit, or the first sentence whole when it alone
+    is longer. A report line is never cut mid-sentence ("…Either the file is corrupted or")."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)", flat)] + [len(flat)]
+    fitting = [e for e in ends if e <= limit]
+    cut = fitting[-1] if fitting else ends[0]
+    return flat[:cut] + (" …" if cut < len(flat) else "")
 
 
 def _bytes_or_raise(value: bytes | BaseException) -> bytes:

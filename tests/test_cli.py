@@ -105,9 +105,9 @@ def test_relaunch_with_a_changed_spec_is_refused_with_a_diff_unless_it_extends(
     refused = [
         (["--set", "train.steps=40"], "train.steps: 20 → 40", "--set name=tiny_2"),
         (["--set", "train.steps=40", "--extend"], "train.steps: 20 → 40", "--set name=tiny_2"),
-        (["--set", "grid.seed=[0,1,2,3]"], "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
-        (["--set", "grid.seed=[0,7]"], "grid.train.seed: [0, 1, 2] → [0, 7]", "--extend"),
-        (["--set", "grid.width=[8,16]"], "grid.model.width: (absent) → [8, 16]", "--extend"),
+        (["--set", "grid.seed=[0,1,2,3]"], "grid.seed: [0, 1, 2] → [0, 1, 2, 3]", "--extend"),
+        (["--set", "grid.seed=[0,7]"], "grid.seed: [0, 1, 2] → [0, 7]", "--extend"),
+        (["--set", "grid.width=[8,16]"], "grid.width: (absent) → [8, 16]", "--extend"),
     ]
     for args, diff, hint in refused:
         assert main([*base, *args]) == 2
@@ -187,7 +187,7 @@ def test_run_resume_status_query(tmp_path, capsys, ray_local, tiny_spec):
         "grid.seed=[0,1,2,3]",
     ]
     assert main(grown) == 2  # a changed grid needs --extend
-    assert "grid.train.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
+    assert "grid.seed: [0, 1, 2] → [0, 1, 2, 3]" in capsys.readouterr().err
     assert main([*grown, "--extend"]) == 0
     assert "skipping 6 already stored; training 2" in capsys.readouterr().err
     assert main([*grown[:-1], "grid.seed=[3]"]) == 0  # a part of the stored grid
@@ -351,3 +351,41 @@ def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     assert (
         "Configuration for experiment" not in err and "Trial status" not in err
     )  # Tune's tables stay off
+
+
+def test_a_folder_that_holds_no_store_is_refused_an_empty_one_is_a_store(
+    tmp_path, capsys, tiny_spec
+):
+    """A mistyped ``--store`` that exists (a folder of specs and notes, as ``sweeps/``) is
+    refused by every command with exit 2, naming what it holds, and nothing is written;
+    an empty folder is an empty store, and ``run`` may create a store in it."""
+    spec = tiny_spec()  # tmp_path holds spec.yaml and nothing else
+    (tmp_path / "notes.txt").write_text("not a store\n")
+    before = sorted(tmp_path.rglob("*"))
+    commands = [
+        ["query", "SELECT count(*) FROM runs"],
+        ["status"],
+        ["analyze", "tiny"],
+        ["plot", "tiny"],
+        ["report", "tiny"],
+        ["verify"],
+        ["compact"],
+        ["refine", "tiny", "--metric", "param_rel_change", "--level", "0.1"],
+        ["run", str(spec)],
+        ["run", str(spec), "--dry-run"],
+    ]
+    for args in commands:
+        assert main([*args, "--store", str(tmp_path)]) == 2, args
+        err = capsys.readouterr().err
+        assert "not a phasesweep store" in err and "notes.txt, spec.yaml" in err, (args, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert sorted(tmp_path.rglob("*")) == before
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = ["--store", str(empty)]
+    assert main(["query", "SELECT count(*) AS n FROM runs", "--format", "csv", *at]) == 0
+    assert capsys.readouterr().out == "n\n0\n"
+    assert main(["status", *at]) == 0 and "no runs stored" in capsys.readouterr().out
+    assert main(["run", str(spec), "--dry-run", *at]) == 0
+    assert list(empty.iterdir()) == []  # a dry run writes nothing

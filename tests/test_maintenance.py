@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -147,6 +148,59 @@ def test_status_and_query_say_what_damage_leaves_out_in_one_line(
     assert code == 0 and err == "" and out.split()[-3:] == ["0", "(1", "row)"]
 
 
+#: Queries whose answers hold no row of sweep ``a``: DuckDB's plan prunes its partitions.
+_NOT_OF_A = [
+    "SELECT count(*) AS n FROM trajectories WHERE sweep = 'b'",
+    "SELECT count(*) AS n FROM trajectories WHERE sweep <> 'a'",
+    "SELECT count(*) AS n FROM layers l JOIN runs r USING (sweep, run_id) WHERE r.sweep = 'b'",
+    "SELECT count(*) AS n FROM runs WHERE sweep = 'b'",
+]
+#: Queries whose answers hold rows of sweep ``a``'s trajectories.
+_OF_A = [
+    "SELECT count(*) AS n FROM trajectories WHERE sweep = 'a'",
+    "SELECT sweep, count(*) AS n FROM trajectories GROUP BY ALL ORDER BY ALL",
+]
+
+
+@pytest.mark.parametrize("table", ["trajectories", "runs"])
+def test_a_damaged_file_blocks_only_the_answers_it_is_part_of(
+    tmp_path, store_make_chunk, capsys, table
+):
+    """One file of sweep ``a`` damaged (its trajectories, or its runs: the commit of its
+    trajectories): a query whose filters leave sweep ``a`` out answers exactly what the
+    whole store answered, exit 0 and nothing on stderr; one that reads it refuses (exit 1,
+    naming the file) and ``--allow-partial`` answers from the rest, saying so."""
+    from phasesweep._cli import main
+
+    store = Store.open(str(tmp_path))
+    _fill(store, store_make_chunk)
+    whole = {sql: run_query(store, sql)[1] for sql in _NOT_OF_A + _OF_A}
+    damaged = _file_of(store, table, "a", "c2")
+    _truncate(damaged)
+    at = ["--store", str(tmp_path), "--format", "json"]
+
+    def rows(out: str) -> list[tuple]:
+        return [tuple(r.values()) for r in json.loads(out)]
+
+    for sql in _NOT_OF_A:
+        assert main(["query", sql, *at]) == 0, sql
+        out, err = capsys.readouterr()
+        assert err == "" and rows(out) == whole[sql], (sql, err)
+    for sql in _OF_A:
+        assert main(["query", sql, *at]) == 1, sql
+        out, err = capsys.readouterr()
+        assert out == "" and damaged in err and "--allow-partial" in err, (sql, err)
+        assert main(["query", sql, *at, "--allow-partial"]) == 0, sql
+        out, err = capsys.readouterr()
+        with pytest.warns(DamagedFileWarning):
+            partial = run_query(store, sql)[1]
+        assert rows(out) == partial != whole[sql] and "a partial answer" in err, (sql, err)
+    # runs is not read by a query of trajectories' sweep b alone, and is by one of runs
+    sql = "SELECT count(*) AS n FROM runs"
+    assert main(["query", sql, *at]) == (1 if table == "runs" else 0)
+    capsys.readouterr()
+
+
 def test_verify_clean_store(tmp_path, store_make_chunk, phasesweep_cli):
     store = Store.open(str(tmp_path))
     _fill(store, store_make_chunk)
@@ -236,9 +290,15 @@ def test_verify_lists_problems_and_repair_fixes_them(
         hits = [p for p in problems if p.startswith(f"problem: {sweep}: ") and what in p]
         assert [p for p in hits if rel in p], (what, rel, problems)
     assert len(problems) == len(expect) + 1, "\n".join(problems)  # a2_1 lost its rows too
+    # the reader's message is kept whole: no line ends mid-sentence
+    (unreadable,) = [p for p in problems if "unreadable file" in p and "part-c2-" in p]
+    assert unreadable.endswith("Either the file is corrupted or this is not a parquet file.")
 
     report = verify(store, repair=True)
     assert len(report.problems) == len(problems) and report.actions
+    # what the repair leaves is what a verify then finds: the duplicate only
+    assert report.left == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
+    assert not report.ok
     quarantined = sorted(
         os.path.relpath(os.path.join(d, f), tmp_path / "quarantine")
         for d, _, fs in os.walk(tmp_path / "quarantine")
@@ -272,11 +332,12 @@ def test_verify_lists_problems_and_repair_fixes_them(
 
     # what is left cannot be repaired: the duplicate
     left = verify(store, repair=True)
-    assert left.problems == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
+    assert left.problems == left.left == ["b: run b0_0 has 2 committed rows that are not 'failed'"]
     assert left.actions == []  # repairing again changes nothing
     proc = phasesweep_cli(["verify", "b", "--store", str(tmp_path), "--repair"])
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1 and "repaired" not in out
+    assert proc.returncode == 1 and not [x for x in out.splitlines() if x.startswith("repaired")]
+    assert "not repaired: b: run b0_0 has 2 committed rows" in out and "ok:" not in out
 
 
 def _entry_path_a_c1(report) -> str:
@@ -494,7 +555,9 @@ def test_repair_then_relaunch_trains_exactly_what_was_lost(
     assert len(lost) == 3
     _truncate(str(victim))
     code, out, _ = cli("verify", "--store", str(store), "--repair")
-    assert code == 1 and "repaired: " in out
+    # everything found is repaired: exit 0, so `verify --repair && phasesweep run …` chains
+    assert code == 0 and "problem: " in out and "repaired: " in out, out
+    assert out.splitlines()[-1].startswith("ok: ") and "not repaired" not in out, out
     code, out, err = cli("verify", "--store", str(store))
     assert code == 0 and out.startswith("ok"), out + err
     code, out, _ = cli("status", "tiny", "--store", str(store))

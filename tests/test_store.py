@@ -478,3 +478,19 @@ def test_safe_output_path(tmp_path):
     with pytest.raises(UnsafePathError):
         put_atomic(LocalFileSystem(), str(out / "sweep" / "loss.svg"), b"x", root=str(out))
     assert (outside / "victim").read_text() == "precious" and os.listdir(outside) == ["victim"]
+
+
+def test_error_messages_keep_whole_sentences():
+    """A report line keeps an error message's whole sentences: all of it when it fits,
+    else the sentences that fit (the first alone when it is longer), never half of one."""
+    from phasesweep.storage._store import sentences
+
+    two = "Magic bytes not found in footer.\n  Either the file is corrupted or not Parquet."
+    assert (
+        sentences(two)
+        == "Magic bytes not found in footer. Either the file is corrupted or not Parquet."
+    )
+    assert sentences(two, limit=40) == "Magic bytes not found in footer. …"
+    long = "x" * 50 + " ends here. Then more."
+    assert sentences(long, limit=20) == "x" * 50 + " ends here. …"
+    assert sentences("no full stop at all " * 5, limit=10) == ("no full stop at all " * 5).strip()

@@ -18,10 +18,12 @@ class Verify(Command):
     help = (
         "check that every file is readable, manifest and files agree, no run is stored twice "
         "and every completed run has its trajectories and layers (exit 1 with a list of "
-        "problems); --repair fixes what it can"
+        "problems); --repair fixes what it can (exit 0 when nothing is left to repair)"
     )
     examples = (
-        "  phasesweep verify\n  phasesweep verify lazy_rich --store s3://bucket/results --repair"
+        "  phasesweep verify\n"
+        "  phasesweep verify lazy_rich --store s3://bucket/results --repair\n"
+        "  phasesweep verify --repair && phasesweep run sweeps/quickstart.yaml"
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -41,6 +43,8 @@ class Verify(Command):
             print(f"problem: {line}")
         for line in report.actions:
             print(f"repaired: {line}")
+        for line in report.left or ():
+            print(f"not repaired: {line}")
         if report.ok:
             print(f"ok: {store.uri}" + (f" sweep {args.sweep}" if args.sweep else ""))
         return EXIT_OK if report.ok else EXIT_FAILED

@@ -147,8 +147,10 @@ def relaunch_diff(old: SweepSpec, new: SweepSpec) -> RelaunchDiff:
     ]
     ga = {axis_path(k): list(axis_values(k, v)) for k, v in old.grid.items()}
     gb = {axis_path(k): list(axis_values(k, v)) for k, v in new.grid.items()}
+    # an axis is named as the user wrote it (``grid.seed``, not ``grid.train.seed``)
+    written = {axis_path(k): k for spec in (old, new) for k in spec.grid}
     grid = [
-        f"grid.{k}: {_show(ga.get(k, _ABSENT))} → {_show(gb.get(k, _ABSENT))}"
+        f"grid.{written[k]}: {_show(ga.get(k, _ABSENT))} → {_show(gb.get(k, _ABSENT))}"
         for k in sorted(set(ga) | set(gb))
         if ga.get(k) != gb.get(k)
     ]
