@@ -191,7 +191,44 @@ def test_legends_list_only_what_is_drawn():
     runs.loc[0, "status"] = "diverged"
     plateaus = pd.DataFrame({"run_id": ["a"], "start": [1.0], "end": [2.0], "level": [0.5]})
     texts = _legend_texts(loss_curves_figure(traj, runs, plateaus))
-    assert texts == ["init scale α 0.1", "detected plateau", "diverged run"]
+    assert texts == [
+        "init scale α 0.1",
+        "detected plateau",
+        "diverged run (×: its last finite loss)",
+    ]
+    plt.close("all")
+
+
+def test_a_diverged_run_is_drawn_as_its_legend_says_or_counted_as_not_drawn():
+    """A run that diverged after one finite loss has a × there (a line of one point would
+    be invisible); one without any finite loss at t > 0 is counted in the legend, with no
+    line and no marker of its own."""
+    from phasesweep.analysis.figures.loss_curves import loss_curves_figure
+
+    nan = float("nan")
+    traj = pd.DataFrame(
+        {
+            "run_id": ["ok"] * 3 + ["one"] * 3 + ["none"] * 2,
+            "time": [0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0],
+            "train_loss": [1.0, 0.5, 0.1, 1.0, 40.0, nan, 1.0, nan],
+        }
+    )
+    runs = pd.DataFrame(
+        {
+            "run_id": ["ok", "one", "none"],
+            "init_scale": [0.1, 1.0, 3.0],
+            "status": ["completed", "diverged", "diverged"],
+        }
+    )
+    fig = loss_curves_figure(traj, runs, None)
+    lines = {(len(ln.get_xdata()), ln.get_marker(), ln.get_linestyle()) for ln in fig.axes[0].lines}
+    assert lines == {(2, "None", "-"), (1, "x", "--")}  # "none" drew nothing
+    assert _legend_texts(fig) == [
+        "init scale α 0.1",
+        "init scale α 1",
+        "diverged run (×: its last finite loss)",
+        "1 diverged run not drawn: no finite loss",
+    ]
     plt.close("all")
 
 
