@@ -294,6 +294,57 @@ def test_escape_time_lines_cover_only_adjacent_fitted_init_scales():
     plt.close("all")
 
 
+def test_escape_time_markers_of_one_init_scale_do_not_hide_each_other_and_every_line_is_named():
+    """Two widths with the same escape times: their markers sit side by side (within a
+    third of the gap to the next init scale), the fit lines at α itself; the legend names
+    the dashed log fit, the solid power law and the setting side by side."""
+    from matplotlib.collections import PathCollection
+    from phasesweep.analysis.figures.escape_time import escape_time_figure
+
+    alphas = [1e-3, 1e-2, 1e-1]
+    points = pd.DataFrame(
+        {
+            "depth": 2,
+            "seed": 0,
+            "width": np.repeat([16, 256], 3),
+            "init_scale": alphas * 2,
+            "escape_time": [30.0, 20.0, 10.0] * 2,
+            "in_fit": True,
+        }
+    )
+    span = {"init_scale_min": 1e-3, "init_scale_max": 0.1, "ci_low": np.nan, "ci_high": np.nan}
+    fits = pd.DataFrame(
+        [
+            {"depth": 2, "x": "log_inv_init_scale", "slope": 10 / np.log(10), "intercept": 0.0}
+            | span,
+            {"depth": 2, "x": "log_init_scale", "slope": -0.2, "intercept": 1.0} | span,
+        ]
+    )
+    fig = escape_time_figure(points, fits, hue="width")
+    (ax,) = fig.axes
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]  # not the bars' caps
+    xs = sorted(x for ln in markers for x in ln.get_xdata())
+    assert len(xs) == 6
+    for k, alpha in enumerate(alphas):  # two markers per init scale, apart, near it
+        lo, hi = xs[2 * k], xs[2 * k + 1]
+        assert lo < alpha < hi and np.log10(hi / lo) == pytest.approx(1 / 3)
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert sorted(x for c in dots for x, _ in c.get_offsets()) == pytest.approx(xs)
+    dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert dashed and all(np.asarray(ln.get_xdata()).min() == 1e-3 for ln in dashed)
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "fitted t = a + b·log(1/α) (dashed)" in texts
+    assert "fitted power law t ∝ α^slope (solid)" in texts
+    assert any("side by side" in t for t in texts)
+    one = escape_time_figure(points[points["width"] == 16], fits, hue="width")
+    xs = sorted(
+        x for ln in one.axes[0].get_lines() if ln.get_marker() == "o" for x in ln.get_xdata()
+    )
+    assert xs == pytest.approx(alphas)  # one colour: at its init scales, nothing said
+    assert not any("side by side" in t.get_text() for leg in one.legends for t in leg.get_texts())
+    plt.close("all")
+
+
 # --------------------------------------------------------------------------- draw API
 
 
