@@ -345,6 +345,18 @@ def test_escape_time_markers_of_one_init_scale_do_not_hide_each_other_and_every_
     plt.close("all")
 
 
+def test_singular_values_title_names_each_fixed_value_once(store):
+    """The title says the shown run's seed (and depth, width) once: "seed 0" is not said
+    again where the condition in brackets already sets it, but is where it does not."""
+    fig = draw("singular_values", store, SWEEP)
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "[seed = 0" in title and "seed 0" not in title, title
+    fig = draw("singular_values", store, SWEEP, where="seed <= 0 AND depth = 3 AND width = 256")
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "seed 0" in title and "depth 3" not in title and "width 256" not in title, title
+    plt.close("all")
+
+
 # --------------------------------------------------------------------------- draw API
 
 
