@@ -441,7 +441,7 @@ def refine(
     from phasesweep.pipeline.refine._refine import refine as refine_sweep
 
     return refine_sweep(
-        open_store(store, must_exist=False),
+        _sweep_store(sweep, store, runs=False),  # an unknown sweep: did you mean …?
         sweep,
         metric,
         level,
