@@ -51,3 +51,25 @@ def test_refine_of_an_unknown_sweep_offers_the_close_names(synthetic_store, caps
     assert main([*argv, "--store", store.uri, "--in-process"]) == 2
     err = capsys.readouterr().err
     assert "no sweep 'quickstrt'" in err and "did you mean 'quickstart'?" in err, err
+
+
+@pytest.mark.parametrize(
+    "sql,shown",
+    [
+        ("SELECT * FROM run", 'Did you mean "runs"?'),
+        ("SELECT * FROM summary", 'Did you mean "summaries"?'),
+        ("SELECT * FROM tables", "The store's tables: boundaries, layers, manifest, plateaus"),
+        ("SELECT * FROM duckdb_table", "The store's tables: boundaries, layers, manifest"),
+        ("INSTALL httpfs", "INSTALL statement not allowed, queries are read-only"),
+        ("FORCE INSTALL httpfs", "INSTALL statement not allowed, queries are read-only"),
+        ("LOAD httpfs", "LOAD statement not allowed, queries are read-only"),
+    ],
+)
+def test_a_refused_query_names_our_tables_and_what_it_is(synthetic_store, capsys, sql, shown):
+    """DuckDB's guesses (its own ``duckdb_tables``, ``information_schema.tables``) are not
+    tables of the store: the suggestion is the store's closest table, or all of them."""
+    store, _ = synthetic_store("q", {"init_scale": [0.1], "width": [16], "depth": [2], "seed": [0]})
+    assert main(["query", sql, "--store", store.uri]) == 2
+    err = capsys.readouterr().err
+    assert shown in err and '"duckdb_' not in err and "information_schema" not in err, err
+    assert err.count("Did you mean") <= 1, err
