@@ -73,3 +73,23 @@ def test_a_refused_query_names_our_tables_and_what_it_is(synthetic_store, capsys
     err = capsys.readouterr().err
     assert shown in err and '"duckdb_' not in err and "information_schema" not in err, err
     assert err.count("Did you mean") <= 1, err
+
+
+def test_status_names_the_checkpoints_a_relaunch_resumes(synthetic_store, capsys):
+    """After a Ctrl-C the store holds checkpoints of the chunks in training: ``status``
+    says how many, and that running the sweep again resumes them; none, nothing said."""
+    from phasesweep.storage._checkpoints import Checkpoint
+
+    store, _ = synthetic_store(
+        "ck", {"init_scale": [0.1], "width": [16], "depth": [2], "seed": [0]}
+    )
+    assert main(["status", "ck", "--store", store.uri]) == 0
+    assert "checkpointed" not in capsys.readouterr().out
+    for chunk in ("c0", "c1"):
+        Checkpoint.of(store, "ck", chunk, [f"{chunk}-run"]).write(b"state")
+    Checkpoint.of(store, "other", "c0", ["r"]).write(b"state")  # another sweep's
+    assert main(["status", "ck", "--store", store.uri]) == 0
+    out = capsys.readouterr().out
+    assert "2 chunks checkpointed mid-training" in out and "resumes" in out, out
+    assert main(["status", "--store", store.uri]) == 0
+    assert "3 chunks checkpointed mid-training" in capsys.readouterr().out
