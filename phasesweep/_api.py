@@ -307,6 +307,14 @@ def status(sweep: str | None = None, store: Store | str | Path | None = None) ->
     return sweep_status(opened, sweep)
 
 
+def checkpointed(sweep: str | None = None, store: Store | str | Path | None = None) -> int:
+    """How many chunks of ``sweep`` (default: of every sweep) were checkpointed mid-training
+    by a launch that was stopped: the training that running the sweep again resumes."""
+    from phasesweep.storage._checkpoints import Checkpoint
+
+    return Checkpoint.count(open_store(store), sweep)
+
+
 def connect(store: Store | str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A new DuckDB connection over the store with the views ``runs``, ``trajectories``,
     ``layers``, ``summaries``, ``plateaus``, ``scaling_fits`` and ``manifest``.
@@ -454,7 +462,7 @@ def refine(
     from phasesweep.pipeline.refine._refine import refine as refine_sweep
 
     return refine_sweep(
-        open_store(store, must_exist=False),
+        _sweep_store(sweep, store, runs=False),  # an unknown sweep: did you mean …?
         sweep,
         metric,
         level,

@@ -1,4 +1,5 @@
-"""Query results as text: an aligned table, CSV or strict JSON (``phasesweep query``).
+"""Query results as text: an aligned table, CSV or strict JSON (``phasesweep query``);
+and counts in words (:func:`counted`) for every command's messages.
 
 Rows are tuples of the Python values Arrow gives (``None`` for NULL, ``float`` with NaN
 and infinities, ``list`` for DuckDB lists, ``dict`` for structs, tz-aware ``datetime``,
@@ -53,6 +54,12 @@ class ArrowRows(Sequence[tuple]):
     def __iter__(self) -> Iterator[tuple]:
         for batch in self.table.to_batches():
             yield from _tuples(batch)
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the number it takes: "1 chunk", "0 chunks", "12 chunks"
+    (every noun of the messages takes an "s")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _tuples(table: pa.Table | pa.RecordBatch) -> list[tuple]:

@@ -30,6 +30,15 @@ class Checkpoint:
         members = hashlib.sha256(",".join(sorted(run_ids)).encode()).hexdigest()[:12]
         return cls(store, f"{store.root}/checkpoints/sweep={sweep}/{chunk_id}-{members}.pt")
 
+    @staticmethod
+    def count(store: Store, sweep: str | None = None) -> int:
+        """How many chunks of ``sweep`` (default: of every sweep) have a checkpoint: the
+        training a relaunch resumes (``phasesweep status`` says so)."""
+        if sweep is not None:
+            check_sweep(sweep)
+        found = store.fs.glob(f"{store.root}/checkpoints/sweep={sweep or '*'}/*.pt")
+        return len(found)
+
     def read(self) -> bytes | None:
         """The checkpoint's bytes, or None where there is none."""
         try:

@@ -478,7 +478,8 @@ def _compact_sweep(store: Store, sweep: str, rows_per_file: int, report: Report)
         replace[table] = [p for p in files[table] if _attempts(store, p) <= committed]
     if all(len(paths) <= 1 for paths in replace.values()):
         return  # one committed attempt in one file per table: nothing to merge
-    attempt = f"-{10**19 - time.time_ns():019d}{uuid.uuid4().hex[:6]}"
+    now = time.time_ns()
+    attempt = f"-{10**19 - now:019d}{uuid.uuid4().hex[:6]}"
     con = catalog_connection(store, replace)
     written: list[dict] = []
     try:
@@ -522,8 +523,8 @@ def _compact_sweep(store: Store, sweep: str, rows_per_file: int, report: Report)
         store.fs.rm_file(path)
     n_old = sum(len(p) for p in replace.values())
     report.actions.append(
-        f"{sweep}: merged {n_old} files into {len(written)} (attempt {attempt}), "
-        f"{len(run_ids)} runs"
+        f"{sweep}: merged {n_old} files into {len(written)}, {len(run_ids)} runs: one "
+        f"attempt, compacted at {datetime.fromtimestamp(now / 1e9, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import posixpath
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 
@@ -70,6 +72,8 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
                 continue  # a file listed went away (compaction): run it again on new lists
             if isinstance(e, duckdb.PermissionException):
                 raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
+            if isinstance(e, duckdb.CatalogException) and con is not None:
+                raise _with_our_tables(e, con) from e
             raise
         finally:
             if con is not None:
@@ -139,6 +143,38 @@ def _nodes(plan: object) -> Iterator[dict]:
             yield from _nodes(node.get("children", []))
 
 
+_NO_TABLE = re.compile(r"(Table with name (\S+) does not exist!)(?:\s*Did you mean \"[^\"]*\"\?)?")
+
+
+def _with_our_tables(
+    error: duckdb.CatalogException, con: duckdb.DuckDBPyConnection
+) -> duckdb.CatalogException:
+    """``error`` with DuckDB's guess at a table (its own ``duckdb_tables``,
+    ``information_schema.tables``…, which a query cannot use) replaced by the store's
+    table closest to the name, or the list of the store's tables."""
+    found = _NO_TABLE.search(str(error))
+    if found is None:
+        return error
+    ours = sorted(
+        name
+        for (name,) in con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal"
+        ).fetchall()
+    )
+    close = difflib.get_close_matches(found.group(2).lower(), ours, n=1, cutoff=0.7)
+    hint = f'Did you mean "{close[0]}"?' if close else f"The store's tables: {', '.join(ours)}."
+    return duckdb.CatalogException(_NO_TABLE.sub(f"{found.group(1)} {hint}", str(error), 1))
+
+
+def _kind(statement: duckdb.Statement) -> str:
+    """What ``statement`` is, in the user's words: DuckDB's type, but INSTALL (which its
+    parser types as LOAD) called by its name."""
+    words = statement.query.split(None, 2)
+    if statement.type == duckdb.StatementType.LOAD and "INSTALL" in map(str.upper, words[:2]):
+        return "INSTALL"
+    return statement.type.name
+
+
 def _read_only_statement(sql: str) -> str:
     """The text of the single read-only statement in ``sql``, else ``ReadOnlyQueryError``."""
     statements = duckdb.extract_statements(sql)
@@ -146,7 +182,7 @@ def _read_only_statement(sql: str) -> str:
         text = statement.query.strip()
         if statement.type not in _READ_TYPES:
             raise ReadOnlyQueryError(
-                f"{statement.type.name} statement not allowed, queries are read-only: {text!r}"
+                f"{_kind(statement)} statement not allowed, queries are read-only: {text!r}"
             )
         if statement.type == duckdb.StatementType.EXPLAIN and _has_analyze(text):
             raise ReadOnlyQueryError(

@@ -148,7 +148,7 @@ def test_run_query_guard(tmp_path, store_make_chunk):
         "CREATE OR REPLACE VIEW runs AS SELECT 1": "CREATE",
         "ATTACH '{root}/evil.duckdb' AS evil": "ATTACH",
         "ATTACH '{runs_file}' AS evil": "ATTACH",
-        "INSTALL httpfs": "LOAD",
+        "INSTALL httpfs": "INSTALL statement",
         "LOAD httpfs": "LOAD",
         "SET enable_external_access = true": "SET",
         "RESET lock_configuration": "SET",

@@ -318,39 +318,67 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
+_SUFFIX = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _per_second(rate: str) -> float:
+    """A tqdm rate such as ``"52.3k"`` in member-steps per second."""
+    return float(rate[:-1]) * _SUFFIX[rate[-1]] if rate[-1] in _SUFFIX else float(rate)
+
+
 @pytest.mark.ray
 def test_progress_piped_to_a_file_is_plain_lines_with_points_rate_and_eta(
     tmp_path, tiny_spec, phasesweep_cli
 ):
     """Off a terminal: a line now and then ($PHASESWEEP_PROGRESS_EVERY seconds), never a
     carriage return; lines during the chunks show member-steps moving, the rate and the
-    ETA ("?" before a rate is measured); the last says what was done in what time."""
-    store = tmp_path / "store"
-    # chunks of many seconds, whatever the load: a rate shows after RATE_AFTER s of reports
-    spec = tiny_spec({"train.steps": 60000})
-    proc = phasesweep_cli(
-        ["run", str(spec), "--store", str(store)], env_extra={"PHASESWEEP_PROGRESS_EVERY": "1"}
-    )
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert "\r" not in err
-    line = re.compile(
-        r"tiny: (\d)/6 points +\d+% (\S+)/360k member-steps "
-        r"\[\d\d:\d\d<(\?|\d\d:\d\d), (\?|[0-9.]+k?) member-steps/s\]"
-    )
-    during = [m.groups() for m in map(line.fullmatch, err.splitlines()) if m]
-    assert len(during) >= 2, err
-    assert any(steps not in ("0", "0.00") and done != "6" for done, steps, _, _ in during), err
-    assert all((eta == "?") == (rate == "?") for *_, eta, rate in during)  # no ETA, no rate
-    assert any(rate != "?" for *_, rate in during), err
-    assert re.search(
-        r"^tiny: 6/6 points 100% 360k/360k member-steps in \d\d:\d\d, [0-9.]+k? member-steps/s$",
-        err,
-        re.M,
-    ), err
-    assert (
-        "Configuration for experiment" not in err and "Trial status" not in err
-    )  # Tune's tables stay off
+    ETA ("?" before a rate is measured); the last says what was done in what time.
+
+    A rate shows once reports have come for RATE_AFTER seconds, so the chunk must train
+    for longer than that; how many steps that takes depends on the machine. The work is
+    sized from the rate each run measures: a run that ended before a rate showed is run
+    again with enough steps to last, at its measured rate, twice the time a rate needs."""
+    from phasesweep.pipeline.run._progress import RATE_AFTER
+    from phasesweep.pipeline.run._trial import PROGRESS_EVERY
+    from tqdm import tqdm
+
+    needed = 2 * (RATE_AFTER + 2 * PROGRESS_EVERY + 1)  # seconds of training to ask for
+    steps = ran = 20000
+    for attempt in range(4):
+        spec = tiny_spec({"train.steps": steps})
+        proc = phasesweep_cli(
+            ["run", str(spec), "--store", str(tmp_path / f"store{attempt}")],
+            env_extra={"PHASESWEEP_PROGRESS_EVERY": "1"},
+        )
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        assert "\r" not in err
+        assert (
+            "Configuration for experiment" not in err and "Trial status" not in err
+        )  # Tune's tables stay off
+        total = tqdm.format_sizeof(6 * steps)
+        line = re.compile(
+            rf"tiny: (\d)/6 points +\d+% (\S+)/{re.escape(total)} member-steps "
+            r"\[\d\d:\d\d<(\?|\d\d:\d\d), (\?|[0-9.]+[kMG]?) member-steps/s\]"
+        )
+        during = [m.groups() for m in map(line.fullmatch, err.splitlines()) if m]
+        assert during, err
+        assert all((eta == "?") == (rate == "?") for *_, eta, rate in during)  # no ETA, no rate
+        last = re.search(
+            rf"^tiny: 6/6 points 100% {re.escape(total)}/{re.escape(total)} member-steps "
+            r"in \d\d:\d\d(?:, ([0-9.]+[kMG]?) member-steps/s)?$",
+            err,
+            re.M,
+        )
+        assert last, err
+        if any(rate != "?" for *_, rate in during):
+            assert any(n != "0" and done != "6" for done, n, _, _ in during), err
+            assert last.group(1), err  # a rate measured during the run is shown at its end
+            return
+        # too short for a rate: no second report (< PROGRESS_EVERY s), or a rate at the end
+        lasted = 6 * steps / _per_second(last.group(1)) if last.group(1) else PROGRESS_EVERY / 4
+        ran, steps = steps, int(steps * max(2.0, needed / lasted))
+    pytest.fail(f"no rate shown during a run of {ran} steps per point:\n{err}")
 
 
 def test_a_folder_that_holds_no_store_is_refused_an_empty_one_is_a_store(

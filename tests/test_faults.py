@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,8 +22,7 @@ import pytest
 import torch
 import trial_faults
 from phasesweep.pipeline.grid import expand, group_tag
-from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER
-from phasesweep.pipeline.run._trial import PROGRESS_EVERY
+from phasesweep.pipeline.run._progress import LINE_EVERY_ENV
 from phasesweep.pipeline.spec import load_spec_and_raw
 from phasesweep.storage.schema import log_steps, to_table
 from trial_faults import HOLD_ENV
@@ -227,19 +227,29 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     env = {"TMPDIR": str(short_tmp)}
     lines = {**_held(env, tmp_path), LINE_EVERY_ENV: "1"}  # a progress line every second
     proc = phasesweep_cli(args, env_extra=lines, start_new_session=True)
-    _wait_for(lambda: _started(store, 2), "checkpoints of both chunks")
-    time.sleep(PROGRESS_EVERY + RATE_AFTER + 1)  # reports from held trials give a rate
+    shown: list[str] = []  # its progress lines, read as they come
+
+    def read() -> None:
+        for line in proc.stderr:
+            shown.append(line)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    # progress moves during the chunks: no point done yet, member-steps and a rate shown
+    # (reports from the held trials give a rate RATE_AFTER s after the first)
+    during = re.compile(
+        r"0/6 points .* ([1-9]\S*)/120k member-steps \[.*, [0-9.]+k? member-steps/s\]"
+    )
+    _wait_for(
+        lambda: _started(store, 2) and any(during.search(s) for s in list(shown)),
+        "checkpoints of both chunks and a progress line with a rate",
+    )
     os.killpg(proc.pid, signal.SIGKILL)
-    _, err = proc.communicate()
+    proc.wait()
+    reader.join()
     assert len(_checkpoints(store)) == 2
     assert all(0 < _checkpoint_step(p) < LONG_CHUNKS["train.steps"] for p in _checkpoints(store))
     assert not (store / "runs").exists()
-    # progress moved during the chunks: no point done yet, member-steps and a rate shown
-    during = [
-        re.search(r"0/6 points .* (\S+)/120k member-steps \[.*, ([0-9.]+k?) member-steps/s\]", s)
-        for s in err.splitlines()
-    ]
-    assert any(m and m.group(1) != "0" for m in during), err[-2000:]
     tune_dirs = short_tmp / f"phasesweep-tune-{os.getuid()}"
     assert list(tune_dirs.iterdir())  # the killed launch's Tune folder is left behind ...
 

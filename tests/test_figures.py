@@ -191,7 +191,44 @@ def test_legends_list_only_what_is_drawn():
     runs.loc[0, "status"] = "diverged"
     plateaus = pd.DataFrame({"run_id": ["a"], "start": [1.0], "end": [2.0], "level": [0.5]})
     texts = _legend_texts(loss_curves_figure(traj, runs, plateaus))
-    assert texts == ["init scale α 0.1", "detected plateau", "diverged run"]
+    assert texts == [
+        "init scale α 0.1",
+        "detected plateau",
+        "diverged run (×: its last finite loss)",
+    ]
+    plt.close("all")
+
+
+def test_a_diverged_run_is_drawn_as_its_legend_says_or_counted_as_not_drawn():
+    """A run that diverged after one finite loss has a × there (a line of one point would
+    be invisible); one without any finite loss at t > 0 is counted in the legend, with no
+    line and no marker of its own."""
+    from phasesweep.analysis.figures.loss_curves import loss_curves_figure
+
+    nan = float("nan")
+    traj = pd.DataFrame(
+        {
+            "run_id": ["ok"] * 3 + ["one"] * 3 + ["none"] * 2,
+            "time": [0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0],
+            "train_loss": [1.0, 0.5, 0.1, 1.0, 40.0, nan, 1.0, nan],
+        }
+    )
+    runs = pd.DataFrame(
+        {
+            "run_id": ["ok", "one", "none"],
+            "init_scale": [0.1, 1.0, 3.0],
+            "status": ["completed", "diverged", "diverged"],
+        }
+    )
+    fig = loss_curves_figure(traj, runs, None)
+    lines = {(len(ln.get_xdata()), ln.get_marker(), ln.get_linestyle()) for ln in fig.axes[0].lines}
+    assert lines == {(2, "None", "-"), (1, "x", "--")}  # "none" drew nothing
+    assert _legend_texts(fig) == [
+        "init scale α 0.1",
+        "init scale α 1",
+        "diverged run (×: its last finite loss)",
+        "1 diverged run not drawn: no finite loss",
+    ]
     plt.close("all")
 
 
@@ -254,6 +291,69 @@ def test_escape_time_lines_cover_only_adjacent_fitted_init_scales():
     assert not [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() != "None"]
     texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert any("fit slope -1.00 [-1.10, -0.90] (no line)" in t for t in texts)
+    plt.close("all")
+
+
+def test_escape_time_markers_of_one_init_scale_do_not_hide_each_other_and_every_line_is_named():
+    """Two widths with the same escape times: their markers sit side by side (within a
+    third of the gap to the next init scale), the fit lines at α itself; the legend names
+    the dashed log fit, the solid power law and the setting side by side."""
+    from matplotlib.collections import PathCollection
+    from phasesweep.analysis.figures.escape_time import escape_time_figure
+
+    alphas = [1e-3, 1e-2, 1e-1]
+    points = pd.DataFrame(
+        {
+            "depth": 2,
+            "seed": 0,
+            "width": np.repeat([16, 256], 3),
+            "init_scale": alphas * 2,
+            "escape_time": [30.0, 20.0, 10.0] * 2,
+            "in_fit": True,
+        }
+    )
+    span = {"init_scale_min": 1e-3, "init_scale_max": 0.1, "ci_low": np.nan, "ci_high": np.nan}
+    fits = pd.DataFrame(
+        [
+            {"depth": 2, "x": "log_inv_init_scale", "slope": 10 / np.log(10), "intercept": 0.0}
+            | span,
+            {"depth": 2, "x": "log_init_scale", "slope": -0.2, "intercept": 1.0} | span,
+        ]
+    )
+    fig = escape_time_figure(points, fits, hue="width")
+    (ax,) = fig.axes
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]  # not the bars' caps
+    xs = sorted(x for ln in markers for x in ln.get_xdata())
+    assert len(xs) == 6
+    for k, alpha in enumerate(alphas):  # two markers per init scale, apart, near it
+        lo, hi = xs[2 * k], xs[2 * k + 1]
+        assert lo < alpha < hi and np.log10(hi / lo) == pytest.approx(1 / 3)
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert sorted(x for c in dots for x, _ in c.get_offsets()) == pytest.approx(xs)
+    dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+    assert dashed and all(np.asarray(ln.get_xdata()).min() == 1e-3 for ln in dashed)
+    texts = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "fitted t = a + b·log(1/α) (dashed)" in texts
+    assert "fitted power law t ∝ α^slope (solid)" in texts
+    assert any("side by side" in t for t in texts)
+    one = escape_time_figure(points[points["width"] == 16], fits, hue="width")
+    xs = sorted(
+        x for ln in one.axes[0].get_lines() if ln.get_marker() == "o" for x in ln.get_xdata()
+    )
+    assert xs == pytest.approx(alphas)  # one colour: at its init scales, nothing said
+    assert not any("side by side" in t.get_text() for leg in one.legends for t in leg.get_texts())
+    plt.close("all")
+
+
+def test_singular_values_title_names_each_fixed_value_once(store):
+    """The title says the shown run's seed (and depth, width) once: "seed 0" is not said
+    again where the condition in brackets already sets it, but is where it does not."""
+    fig = draw("singular_values", store, SWEEP)
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "[seed = 0" in title and "seed 0" not in title, title
+    fig = draw("singular_values", store, SWEEP, where="seed <= 0 AND depth = 3 AND width = 256")
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "seed 0" in title and "depth 3" not in title and "width 256" not in title, title
     plt.close("all")
 
 

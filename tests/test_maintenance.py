@@ -494,6 +494,12 @@ def test_compact_command(tmp_path, store_make_chunk, phasesweep_cli):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert out.startswith("a: merged 9 files into 3")
+    # no attempt id such as -8204209236316072701f649ce: when, in words
+    assert re.fullmatch(
+        r"a: merged 9 files into 3, \d+ runs: one attempt, compacted at "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\n",
+        out,
+    ), out
     assert _answers(store) == before and len(store.files("runs")) == 1 + 3  # b untouched
     proc = phasesweep_cli(["compact", "a", "--store", str(tmp_path)])
     out, err = proc.communicate(timeout=300)

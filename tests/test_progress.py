@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 
 import pytest
 from phasesweep.pipeline.run._progress import LINE_EVERY_ENV, RATE_AFTER, Progress
@@ -77,7 +78,8 @@ def test_a_retried_trial_does_not_count_its_steps_twice_or_negative():
     assert bar.n == 48
 
 
-def test_on_a_terminal_a_bar_redrawn_in_place():
+def test_on_a_terminal_a_bar_redrawn_in_place(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # a StringIO has no terminal size
     out = Terminal()
     bar = Progress("s", [(3, 100)], done=1, total=4, enabled=True, stream=out)
     for k in range(0, 301, 100):
@@ -88,6 +90,31 @@ def test_on_a_terminal_a_bar_redrawn_in_place():
     frames = out.getvalue().split("\r")
     assert len(frames) > 3 and "|" in frames[-1]
     assert frames[-1].startswith("s: 4/4 points 100%|") and "300/300 member-steps" in frames[-1]
+
+
+@pytest.mark.parametrize("columns", [80, 60, 200])
+def test_on_a_terminal_the_bar_fits_its_width_with_the_time_left_and_the_rate(monkeypatch, columns):
+    """The bar takes what the terminal's width leaves; a long description (a note) and,
+    on a narrow terminal, the count's unit give way, never the time left and the rate."""
+    monkeypatch.setenv("COLUMNS", str(columns))  # a StringIO has no terminal size
+    clock, out = Clock(), Terminal()
+    bar = Progress("quickstart", [(3000, 60000)], 0, 3000, enabled=True, stream=out, clock=clock)
+    bar.note("waiting for points in progress by another launch")
+    for t in range(1, 12):
+        clock.now = t
+        bar.running(0, 52_300 * t)
+        bar.bar.refresh()
+    *_, frame = out.getvalue().split("\r")
+    frame = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", frame).rstrip()  # tqdm's cursor moves
+    assert len(frame) <= columns, frame
+    times = re.search(r" \[\d\d:\d\d<(\d\d:\d\d:\d\d|\d\d:\d\d), 52\.3k member-steps/s\]$", frame)
+    assert times, frame  # the rate: 52.3k member-steps over each second of reports
+    assert re.search(r"%\|[^|]+\| 575k/180M( member-steps)? \[", frame), frame
+    points = "quickstart: 0/3000 points"
+    assert frame.startswith(points if columns >= 80 else "quick…"), frame
+    assert (" member-steps [" in frame) == (columns > 80)  # 80: the count loses its unit
+    assert ("another launch)" in frame) == (columns == 200)  # else the note is cut: …
+    bar.close()
 
 
 def test_disabled_writes_nothing_and_a_pickled_copy_shows_nothing():

@@ -109,7 +109,7 @@ def test_a_launch_holds_it_while_connected(standing_dir):
     holder = subprocess.Popen(
         [
             sys.executable, "-c",
-            "from phasesweep.pipeline import _standing; import sys, time; "
+            "from phasesweep.pipeline.run import _standing; import sys, time; "
             "_standing.hold(); print('held', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE, text=True,

@@ -103,14 +103,27 @@ def _clipped(spans: list[tuple[float, float]], lo: float, hi: float) -> list[np.
     return out
 
 
+def _dodges(init_scales: pd.Series, n: int) -> list[float]:
+    """Factors on init scale that spread ``n`` colours' markers at one init scale side by
+    side (else they hide each other): over a third of the smallest log gap between the
+    init scales (a third of a decade where there is one init scale), centred on it."""
+    if n < 2:
+        return [1.0] * n
+    logs = np.unique(np.log10(init_scales.to_numpy(dtype=float)))
+    gap = float(np.diff(logs).min()) if len(logs) > 1 else 1.0
+    step = gap / 3 / (n - 1)
+    return [10.0 ** ((i - (n - 1) / 2) * step) for i in range(n)]
+
+
 def _draw_group(
-    ax, dots: pd.DataFrame, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict
+    ax, dots: pd.DataFrame, g: pd.DataFrame, fits: pd.DataFrame, c, drawn: dict, shift: float
 ) -> list[str]:
     """Dots, markers, fits and theory guide of one colour group (``g``: its groups of
     runs, :data:`GROUP_COLUMNS`); returns its legend text.
 
-    Lines (fits, theory guide) are drawn over :func:`fitted_spans` only."""
-    ax.scatter(dots["init_scale"], dots["escape_time"], s=9, color=c, alpha=0.35, lw=0)
+    Dots and markers are drawn at ``shift`` × their init scale (:func:`_dodges`); lines
+    (fits, theory guide) at the init scale itself, over :func:`fitted_spans` only."""
+    ax.scatter(dots["init_scale"] * shift, dots["escape_time"], s=9, color=c, alpha=0.35, lw=0)
     agg = (
         g.groupby("init_scale")
         .agg(
@@ -126,7 +139,7 @@ def _draw_group(
     for in_fit, a in agg.groupby("in_fit"):
         drawn["hollow"] |= not in_fit
         ax.errorbar(
-            a["init_scale"],
+            a["init_scale"] * shift,
             a["gm"],
             yerr=[(a["gm"] - a["lo"]).clip(lower=0), (a["hi"] - a["gm"]).clip(lower=0)],
             fmt="o",
@@ -148,6 +161,7 @@ def _draw_group(
         pieces = _clipped(spans, f["init_scale_min"], f["init_scale_max"])
         for a in pieces:
             ax.plot(a, np.exp(f["intercept"]) * a ** f["slope"], color=c, lw=2)
+        drawn["power"] |= bool(pieces)
         ci = f" [{f['ci_low']:.2f}, {f['ci_high']:.2f}]" if pd.notna(f["ci_low"]) else ""
         text.append(f"fit slope {f['slope']:.2f}{ci}" + ("" if pieces else " (no line)"))
         law = (float(np.exp(f["intercept"])), float(f["slope"]))
@@ -156,6 +170,7 @@ def _draw_group(
         f = logf.iloc[0]
         for a in _clipped(spans, f["init_scale_min"], f["init_scale_max"]):
             ax.plot(a, f["intercept"] + f["slope"] * np.log(1 / a), color=c, lw=1.6, ls="--")
+            drawn["log"] = True
         text.append(f"t ≈ {f['intercept']:.2g} + {f['slope']:.2g}·log(1/α)")
     depths = g["depth"].dropna().unique()
     if len(depths) != 1:
@@ -201,6 +216,8 @@ def escape_time_figure(
     (L >= 3) and, for L = 2, the shape t ∝ log(1/α), drawn through the middle of the
     fitted law (or of the fitted points): guides to the slope, not predictions of the
     level. Every line covers only :func:`fitted_spans`: adjacent fitted init scales.
+    Several colours' markers and dots at one init scale are set side by side
+    (:func:`_dodges`), and the legend says so; the lines stay at the init scale itself.
 
     ``groups``: the markers', fits' and guides' data as aggregates of groups of runs
     (:data:`GROUP_COLUMNS`, with ``init_scale``, ``hue``, ``facet`` and the fit-group
@@ -218,7 +235,7 @@ def escape_time_figure(
     colors = hue_colors(groups[hue])
     facets = [None] if facet is None else sorted_values(groups[facet])
     fits = fits if fits is not None else pd.DataFrame(columns=["depth", "x", "slope"])
-    drawn = {"hollow": False, "theory": False}
+    drawn = {"hollow": False, "theory": False, "power": False, "log": False, "dodged": False}
     with style.theme():
         nr, nc = grid_shape(len(facets))
         fig, axes = canvas(ax, nr, nc, (6.0 * nc + 1.6, 4.8 * nr + 1.6), sharey=True)
@@ -227,12 +244,15 @@ def escape_time_figure(
             a = axes.ravel()[k]
             sub = groups if fv is None else groups[groups[facet] == fv]
             dots = pts if fv is None else pts[pts[facet] == fv]
+            present = [h for h in colors if (sub[hue] == h).any()]
+            shifts = dict(zip(present, _dodges(groups["init_scale"], len(present))))
+            drawn["dodged"] |= len(present) > 1
             for h, c in colors.items():
                 g = sub[sub[hue] == h]
                 if g.empty:
                     continue
                 d = dots[dots[hue] == h]
-                text = _draw_group(a, d, g, matching_fits(fits, g), c, drawn)
+                text = _draw_group(a, d, g, matching_fits(fits, g), c, drawn, shifts[h])
                 name = f"{short_label(hue)} {fmt(h)}"
                 if fv is not None:
                     name = f"{short_label(facet)} {fmt(fv)}, {name}"
@@ -244,6 +264,13 @@ def escape_time_figure(
                 a.set_title(f"{short_label(facet)} = {fmt(fv)}")
             a.grid(True, which="major", alpha=0.3)
         hide_unused(axes, len(facets))
+        line = {"color": "0.3", "lw": 1.6}
+        if drawn["power"]:
+            handles.append(Line2D([], [], **line, label="fitted power law t ∝ α^slope (solid)"))
+        if drawn["log"]:
+            handles.append(
+                Line2D([], [], **line, ls="--", label="fitted t = a + b·log(1/α) (dashed)")
+            )
         if drawn["theory"]:
             handles.append(
                 Line2D(
@@ -262,6 +289,9 @@ def escape_time_figure(
                     label="not fitted (no plateau, regime or init-scale range)",
                 )
             )
+        if drawn["dodged"]:
+            text = "markers of one init scale set side by side by colour (lines at α itself)"
+            handles.append(Line2D([], [], ls="none", label=text))
         return finish(
             fig,
             axes,
@@ -279,7 +309,7 @@ class EscapeTime(FigureKind):
     fields = ("x", "hue", "facet", "where", "name", "title")
     caption = (
         "Markers: geometric mean over seeds (bars: min–max; hollow: runs left out of the "
-        "fit); solid and dashed lines: the fitted laws, drawn over adjacent fitted init "
+        "fit), those of several colours at one init scale set side by side; solid and dashed lines: the fitted laws, drawn over adjacent fitted init "
         "scales only; dotted: the theory's slope drawn through the data's centre (slope "
         "only, not a prediction of the level)."
     )

@@ -74,7 +74,8 @@ def loss_curves_figure(
     ``status``); ``plateaus``: rows of the plateaus table. Every plateau is a band
     (x: its start-end, y: its level ±25 %) in its run's colour. t = 0 is not on a
     log axis, NULL or non-positive losses are not drawn: curves start at the first
-    logged step. Diverged runs are dashed. The y axis spans at most ``decades``
+    logged step. Diverged runs are dashed, with a × at their last finite loss; those
+    with no finite loss are counted in the legend, not drawn. The y axis spans at most ``decades``
     decades below the largest loss (converged runs reach round-off). A few hue
     values get a legend, many a colour bar; the legend lists only what is drawn.
     """
@@ -82,15 +83,18 @@ def loss_curves_figure(
     if hue not in runs:
         runs[hue] = "all"
     facets = [None] if facet is None else sorted_values(runs[facet])
-    colour_of, handles, mappable = hue_scale(runs[hue], hue)
     tl = traj["train_loss"].to_numpy(dtype=float, na_value=np.nan)
     tt = traj["time"].to_numpy(dtype=float, na_value=np.nan)
     traj = traj[(tt > 0) & np.isfinite(tl) & (tl > 0)]
     by_run = {k: g for k, g in traj.groupby("run_id")}
+    # colours of the runs with a curve: a hue value none of whose runs is drawn gets no entry
+    curved = runs[runs.index.isin(list(by_run))]
+    colour_of, handles, mappable = hue_scale((curved if len(curved) else runs)[hue], hue)
     top = float(traj["train_loss"].max()) if len(traj) else 0.0
     bottom = float(traj["train_loss"].min()) if len(traj) else 0.0
     pl = {} if plateaus is None or plateaus.empty else dict(list(plateaus.groupby("run_id")))
     drawn = {"plateau": False, "diverged": False}
+    undrawn = 0  # diverged runs without a finite loss at t > 0: no curve to draw
     with style.theme():
         nr, nc = grid_shape(len(facets))
         fig, axes = canvas(ax, nr, nc, (5.2 * nc + 1.2, 4.0 * nr + 1.2), sharey=True)
@@ -99,12 +103,18 @@ def loss_curves_figure(
             ids = runs.index if fv is None else runs.index[runs[facet] == fv]
             for rid in sorted(ids, key=lambda r: str(runs.at[r, hue])):
                 g = by_run.get(rid)
+                diverged = "status" in runs and runs.at[rid, "status"] == "diverged"
                 if g is None:
+                    undrawn += int(diverged)
                     continue
                 c = colour_of(runs.at[rid, hue])
-                diverged = "status" in runs and runs.at[rid, "status"] == "diverged"
                 drawn["diverged"] |= diverged
-                a.plot(g["time"], g["train_loss"], color=c, lw=1.4, ls="--" if diverged else "-")
+                # a diverged run may have one finite loss only: its × is drawn where a
+                # line of one point would not be
+                a.plot(
+                    g["time"], g["train_loss"], color=c, lw=1.4, ls="--" if diverged else "-",
+                    marker="x" if diverged else None, markevery=[-1], ms=7,
+                )  # fmt: skip
                 first_t = g["time"].min()
                 for p in pl[rid].itertuples() if rid in pl else ():
                     if not (np.isfinite(p.level) and p.level > 0 and p.end > first_t):
@@ -136,7 +146,16 @@ def loss_curves_figure(
         if drawn["plateau"]:
             handles.append(Patch(facecolor="0.5", alpha=0.3, label="detected plateau"))
         if drawn["diverged"]:
-            handles.append(Line2D([], [], color="0.3", ls="--", label="diverged run"))
+            handles.append(
+                Line2D(
+                    [], [], color="0.3", ls="--", marker="x",
+                    label="diverged run (×: its last finite loss)",
+                )
+            )  # fmt: skip
+        if undrawn:
+            runs_ = "run" if undrawn == 1 else "runs"
+            text = f"{undrawn} diverged {runs_} not drawn: no finite loss"
+            handles.append(Line2D([], [], ls="none", label=text))
         return finish(
             fig,
             axes,
@@ -153,8 +172,8 @@ class LossCurves(FigureKind):
     order = 30
     fields = ("hue", "facet", "where", "name", "title")
     caption = (
-        "Train loss vs gradient-flow time, log–log, one colour per hue value (dashed: "
-        "diverged); shaded boxes: detected plateaus (time span × level ±25 %)."
+        "Train loss vs gradient-flow time, log–log, one colour per hue value (dashed, × "
+        "at the last finite loss: diverged); shaded boxes: detected plateaus (time span × level ±25 %)."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:

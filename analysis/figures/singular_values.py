@@ -7,6 +7,8 @@ budget skipped the SVD (``layers.top_sv`` NULL) are left out.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from matplotlib import ticker as mticker
@@ -226,7 +228,13 @@ class SingularValues(FigureKind):
         )
         if runs["init_scale"].nunique() == 1:
             which += f" (α {fmt(runs['init_scale'].iloc[0])})"
-        fixed = [a for a in _RUN_AXES if a not in (p.facet, "init_scale")]
+        # the run's values of the other axes, but those the title's [where] sets (a = v)
+        fixed = [
+            a
+            for a in _RUN_AXES
+            if a not in (p.facet, "init_scale")
+            and not re.search(rf"\b{a}\s*=[^=]", p.where or "", re.I)
+        ]
         fixed = ", ".join(
             f"{short_label(a)} {fmt(runs[a].iloc[0])}" for a in fixed if runs[a].nunique() == 1
         )

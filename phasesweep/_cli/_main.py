@@ -53,9 +53,21 @@ COMMANDS: tuple[type[Command], ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
+    #: The subcommands' parsers by name (of the top parser only).
+    commands: dict[str, argparse.ArgumentParser]
+
     def error(self, message: str) -> None:
         """One line (no usage block), exit 2: argparse's own message names the argument."""
         self.exit(EXIT_INVALID, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201
+        """argparse's, but arguments left over are refused by the subcommand's parser, whose
+        error points to its own help (``phasesweep status --help``), not the top one's."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            where = self.commands.get(getattr(parsed, "command", None) or "", self)
+            where.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the Python traceback of an error"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = {}
     for command in COMMANDS:
-        p = sub.add_parser(
+        p = parser.commands[command.name] = sub.add_parser(
             command.name,
             help=command.help,
             description=command.help[0].upper() + command.help[1:] + ".",

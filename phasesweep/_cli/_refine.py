@@ -44,9 +44,15 @@ class Refine(Command):
         )
         parser.add_argument("--metric", required=True, help="a trajectories or runs column")
         parser.add_argument("--level", required=True, type=float, help="the level of the metric")
-        parser.add_argument("--axis", default="init_scale", help="grid axis to search")
         parser.add_argument(
-            "--budget", type=int, default=None, help="most runs the refinement trains in all"
+            "--axis", default="init_scale", help="grid axis to search (default: init_scale)"
+        )
+        parser.add_argument(
+            "--budget",
+            type=int,
+            default=None,
+            help="most runs the refinement trains in all (default: no limit: every line goes on "
+            "until its bracket is --tol wide)",
         )
         parser.add_argument(
             "--tol",
@@ -59,12 +65,20 @@ class Refine(Command):
             "--per-line",
             type=bounded(int, 1, strict=False),
             default=1,
-            help="points per line per batch (1: bisection)",
+            help="points per line per batch (default: 1, bisection)",
         )
         add_store(parser)
-        parser.add_argument("--address", type=address, default=None, help="Ray address, as for run")
         parser.add_argument(
-            "--in-process", action="store_true", help="train batches in this process, not on Ray"
+            "--address",
+            type=address,
+            default=None,
+            help="Ray address, as for run (default: $RAY_ADDRESS, else a private embedded "
+            "local Ray)",
+        )
+        parser.add_argument(
+            "--in-process",
+            action="store_true",
+            help="train batches in this process, not on Ray (default: on Ray)",
         )
 
     def take_action(self, args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from phasesweep._cli._base import (
     add_store,
     open_store,
 )
+from phasesweep._format import counted
 
 if TYPE_CHECKING:
     from phasesweep._api import Plan
@@ -130,7 +131,7 @@ def _launch(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         f"sweep {name}: {plan.total} points; skipping {plan.skipped} already "
-        f"stored; training {plan.to_train} in {len(plan.tasks)} chunks",
+        f"stored; training {plan.to_train} in {counted(len(plan.tasks), 'chunk')}",
         file=sys.stderr,
     )
     outcome = _api.execute(
@@ -165,16 +166,16 @@ def _print_plan(plan: Plan) -> None:
     tasks = plan.tasks
     print(
         f"sweep {plan.spec.name}: {plan.total} points, {plan.skipped} already stored, "
-        f"{plan.to_train} to train in {len(tasks)} chunks"
+        f"{plan.to_train} to train in {counted(len(tasks), 'chunk')}"
     )
     for t in tasks[:20]:
         cfg = plan.group_config(t)
         print(
-            f"  chunk {t.chunk_id}: {t.size - t.stored_count} members, depth {cfg.model.depth}, "
+            f"  chunk {t.chunk_id}: {counted(t.size - t.stored_count, 'member')}, depth {cfg.model.depth}, "
             f"width {cfg.model.width}, n_train {cfg.data.n_train}, steps {t.steps}"
         )
     if len(tasks) > 20:
-        print(f"  … {len(tasks) - 20} more chunks")
+        print(f"  … {counted(len(tasks) - 20, 'more chunk')}")
     sizes = sorted({t.size for t in tasks})
     if sizes:
         shown = ", ".join(map(str, sizes[:8])) + (" …" if len(sizes) > 8 else "")

@@ -7,7 +7,7 @@ import sys
 
 from phasesweep import _api
 from phasesweep._cli._base import EXIT_FAILED, EXIT_OK, Command, add_store, damage_line, open_store
-from phasesweep._format import write_table
+from phasesweep._format import counted, write_table
 
 
 class Status(Command):
@@ -39,6 +39,12 @@ class Status(Command):
                 f"sweep {sweep}: {n} run(s) have no current summary (new, trained again or "
                 f"never analyzed): `phasesweep analyze {sweep}` computes them (plot and report "
                 "do it first)"
+            )
+        checkpointed = _api.checkpointed(args.sweep, store)
+        if checkpointed:
+            print(
+                f"{counted(checkpointed, 'chunk')} checkpointed mid-training (an interrupted "
+                "launch): running the sweep again resumes from there"
             )
         damaged = store.damaged_files(args.sweep)
         if damaged:

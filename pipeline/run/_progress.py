@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,10 +31,16 @@ _UNIT = " member-steps"
 _STATE = "{desc} {percentage:3.0f}%"
 _COUNT = "{n_fmt}/{total_fmt} member-steps"
 #: Layouts (tqdm ``bar_format``) of a terminal's bar, a notebook's (tqdm.notebook splits
-#: it at ``{bar}``) and a line, each ending in :func:`_times`.
-_BAR = f"{_STATE}|{{bar:20}}| {_COUNT} "
+#: it at ``{bar}``) and a line, each ending in :func:`_times`. A terminal's bar fills the
+#: terminal's width; on a narrow one the count loses its unit (the rate keeps it) and then
+#: the description its end (see :func:`_fit`), so that the time left and the rate, at the
+#: end of the line, are never cut off.
+_BAR = f"{_STATE}|{{bar}}| {_COUNT} "
+_NARROW_BAR = f"{_STATE}|{{bar}}| {{n_fmt}}/{{total_fmt}} "
 _WIDGET = f"{_STATE}|{{bar}}| {_COUNT} "
 _LINE = f"{_STATE} {_COUNT} "
+#: Columns of the narrowest bar drawn beside a whole description.
+_MIN_BAR = 10
 
 
 def _times(rate: float | None) -> str:
@@ -212,9 +219,41 @@ def _bar(progress: Progress, enabled: bool):  # noqa: ANN202
         @property
         def format_dict(self) -> dict:
             rate = progress.rate()
-            return {**super().format_dict, "rate": rate, "bar_format": layout + _times(rate)}
+            shown = {**super().format_dict, "rate": rate, "bar_format": layout + _times(rate)}
+            if layout is _BAR:
+                shown = _fit(self.format_meter, shown, _times(rate), _columns(progress.stream))
+            return shown
 
     return Bar(
         total=progress.work, unit=_UNIT, unit_scale=True, file=progress.stream,
         mininterval=0.5, desc=progress.describe(),
     )  # fmt: skip
+
+
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` writes to, looked up at each redraw (a window
+    can be resized); ``$COLUMNS`` or 80 where the stream has no terminal size."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size().columns
+
+
+def _fit(meter: Callable[..., str], shown: dict, times: str, columns: int) -> dict:
+    """``shown`` (a tqdm ``format_dict`` with a :data:`_BAR` layout) fitted to ``columns``:
+    the whole description and a bar of at least :data:`_MIN_BAR` columns if they fit, else
+    the count without its unit, and then the description cut (…) to leave a bar of 1.
+    tqdm sizes the bar to what is left and cuts what passes the width from the end: the
+    time left and the rate, which must stay. ``meter``: the bar's ``format_meter``."""
+    desc = shown["prefix"]
+    for layout in (_BAR, _NARROW_BAR):
+        bar_format = layout + times
+        rest = meter(
+            **{**shown, "prefix": "", "ncols": None, "bar_format": bar_format.replace("{bar}", "")}
+        )
+        room = columns - len(rest)  # for the description and the bar
+        if room - len(desc) >= _MIN_BAR:
+            break
+    if room - len(desc) < 1:
+        desc = desc[: max(0, room - 2)] + "…" if room > 2 else ""
+    return {**shown, "prefix": desc, "ncols": columns, "bar_format": bar_format}

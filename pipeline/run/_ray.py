@@ -16,6 +16,7 @@ authentication says so once on stderr.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -125,6 +126,9 @@ def connect(address: str | None) -> None:
     if not target:
         kwargs["_temp_dir"] = _auth.private_temp_dir()
         _embedded.append(os.path.dirname(kwargs["_temp_dir"]))
+        # registered after Ray's own exit hook (at its import), so run before it; once
+        atexit.unregister(_exit_hook)
+        atexit.register(_exit_hook)
     try:
         with _quiet_token_refusal(bool(target)):
             ray.init(address=target or "local", **kwargs)
@@ -203,8 +207,20 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
 
 
 def _remove_embedded() -> None:
+    """Remove the private folder of the embedded Ray, after ending any process still
+    running from it (Ray's agents outlive a start-up that was interrupted, and some a
+    shutdown, by up to a minute, and would write into the folder again)."""
     while _embedded:
-        shutil.rmtree(_embedded.pop(), ignore_errors=True)
+        folder = _embedded.pop()
+        standing.kill_running_from(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _exit_hook() -> None:
+    """At exit: :func:`disconnect` where a private local Ray still runs (a launch from the
+    Python API leaves it up for the next), so that its folder goes with it."""
+    if _embedded:
+        disconnect()
 
 
 def disconnect() -> None:

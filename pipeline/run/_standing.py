@@ -199,6 +199,7 @@ def ensure(num_cpus: int | None = None) -> str:
             _wait_joinable(info, leader, env)
         except BaseException:
             _kill_session(leader.pid)
+            kill_running_from(private)
             shutil.rmtree(private, ignore_errors=True)
             raise
         tmp = folder / "instance.json.tmp"
@@ -259,7 +260,9 @@ def stop() -> bool:
             return False
         (folder / "instance.json").unlink(missing_ok=True)
         _kill_session(int(info["pid"]))
-        shutil.rmtree(info.get("temp_dir", ""), ignore_errors=True)
+        if info.get("temp_dir"):  # with any process of it outside the session
+            kill_running_from(info["temp_dir"])
+            shutil.rmtree(info["temp_dir"], ignore_errors=True)
         return True
 
 
@@ -274,6 +277,21 @@ def session_pids(leader: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
     return pids
+
+
+def kill_running_from(folder: str) -> None:
+    """SIGKILL the processes whose command line names ``folder`` (a private ``mkdtemp``
+    folder: only the Ray started in it runs from it), this one excepted: Ray's agents
+    outlive an interrupted start-up, and some a shutdown, by up to a minute, and would
+    write into the folder after it was removed. Linux (``/proc``); elsewhere nothing."""
+    me, mark = os.getpid(), os.fsencode(folder)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            pid = int(cmdline.parent.name)
+            if pid != me and mark in cmdline.read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read or kill
 
 
 def _kill_session(leader: int) -> None:

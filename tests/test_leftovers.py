@@ -1,0 +1,125 @@
+"""Nothing of ours is left behind: a launch from the Python API or the command line and
+``standing stop`` leave no ``ps-ray-*`` folder in the temporary directory and no process
+of the Ray they started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import TINY_SPEC
+
+pytestmark = [pytest.mark.ray, pytest.mark.process]
+
+
+@pytest.fixture
+def private_tmp():
+    """A short TMPDIR of the test's own (Ray's socket paths live under it)."""
+    path = Path(tempfile.mkdtemp(prefix="pl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _ours(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("ps-ray-*"))
+
+
+def _ray_processes(tmp: Path) -> list[str]:
+    """Command lines of the live processes that run from a Ray folder under ``tmp``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(tmp) in text and "ray" in text:
+            found.append(text)
+    return found
+
+
+def test_a_launch_from_the_api_leaves_no_ray_folder_or_process(private_tmp, tmp_path):
+    """``phasesweep.run`` in a Python process that then exits, not calling
+    ``ray.shutdown`` itself: the embedded Ray stops and its private folder goes."""
+    script = (
+        "import phasesweep, sys\n"
+        f"spec = {TINY_SPEC!r}\n"
+        "out = phasesweep.run(spec, sys.argv[1], overrides=['train.steps=20'])\n"
+        "print('trained', out.trained)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0 and "trained 6" in done.stdout, done.stderr
+    assert _ours(private_tmp) == []
+    assert _ray_processes(private_tmp) == []
+
+
+def test_a_launch_from_the_cli_and_standing_stop_leave_nothing(
+    private_tmp, tmp_path, tiny_spec, phasesweep_cli
+):
+    """``phasesweep run`` on its embedded Ray, then on the standing one, and ``standing
+    stop``: no ``ps-ray-*`` folder and no Ray process left under the TMPDIR."""
+    env = {"TMPDIR": str(private_tmp), "PHASESWEEP_STANDING_DIR": str(private_tmp / "st")}
+    store = str(tmp_path / "store")
+    for name, extra in (("embedded", []), ("standing", ["--address", "standing"])):
+        spec = tiny_spec({"name": name, "train.steps": 20})
+        proc = phasesweep_cli(["run", str(spec), "--store", store, "--no-progress", *extra], env)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        if name == "embedded":
+            assert _ours(private_tmp) == [] and _ray_processes(private_tmp) == []
+    assert len(_ours(private_tmp)) == 1  # the standing Ray's, while it runs
+    try:
+        proc = phasesweep_cli(["standing", "stop"], env)
+        assert proc.communicate(timeout=120)[0].strip() == "stopped"
+        assert _ours(private_tmp) == []
+        assert _ray_processes(private_tmp) == []
+    finally:
+        phasesweep_cli(["standing", "stop"], env).communicate(timeout=120)
+
+
+def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(private_tmp):
+    from phasesweep.pipeline.run._standing import kill_running_from
+
+    folder = private_tmp / "ps-ray-x"
+    sleep = [sys.executable, "-c", "import time, sys; time.sleep(600)"]
+    inside = subprocess.Popen([*sleep, f"--temp-dir={folder}/r"])
+    beside = subprocess.Popen([*sleep, f"--temp-dir={private_tmp}/ps-ray-y/r"])
+    try:
+        kill_running_from(str(folder))
+        assert inside.wait(timeout=30) == -9
+        assert beside.poll() is None
+    finally:
+        inside.kill()
+        beside.kill()
+        beside.wait()
+
+
+def test_ctrl_c_while_ray_starts_leaves_nothing(private_tmp, tmp_path, tiny_spec, phasesweep_cli):
+    """SIGINT as soon as the embedded Ray's folder appears (its start-up under way): the
+    launch exits 130 and leaves no folder and no process of that Ray."""
+    import signal
+    import time
+
+    spec = tiny_spec({"train.steps": 20})
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(tmp_path / "store"), "--no-progress"],
+        {"TMPDIR": str(private_tmp)},
+    )
+    deadline = time.monotonic() + 300
+    while not _ours(private_tmp) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _ours(private_tmp), "the embedded Ray's folder never appeared"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert _ours(private_tmp) == []
+    assert _ray_processes(private_tmp) == []
