@@ -134,7 +134,7 @@ def test_every_documented_command_works_as_written_after_the_quickstart(quicksta
     names, rows = run_query(
         quickstart_left / "results", "SELECT sweep, count(*) FROM runs GROUP BY ALL ORDER BY 1"
     )
-    assert rows == [("quickstart", 100), ("quickstart_short", 20)]
+    assert rows == [("quickstart", 100), ("quickstart_short", 100)]
 
 
 def test_the_run_help_examples_are_accepted_after_the_quickstart(
