@@ -2,7 +2,7 @@
 
 No GPU has run it yet (benchmarks/README.md); this keeps the code path it measures, and
 its report, from rotting until one does: the same trainer paths a GPU takes (device
-clock, packed copies, one metrics block, Jacobi spectra) on CPU tensors.
+clock, packed copies, one metrics block, spectra by batched matmuls) on CPU tensors.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
     (agree,) = data["agreement"]
     assert agree["points"] == 4 and agree["null_mismatches"] == 0
     assert agree["columns"] == len(agree["per_column"]) > 50
-    assert 0 < agree["max_rel_diff"] < 1e-12  # the spectra: Jacobi against LAPACK
+    assert 0 < agree["max_rel_diff"] < 1e-12  # the spectra: batched matmuls against LAPACK
     exact = {c for c, d in agree["per_column"].items() if d["max_rel_diff"] == 0}
     assert {"trajectories.train_loss", "trajectories.kernel_distance", "runs.status"} <= exact
     assert "## Agreement with the CPU" in md and agree["worst_column"] in md
