@@ -1,7 +1,8 @@
 """The GPU's code paths, checked on any machine (issue 27): the device a trial trains on,
 resuming a checkpoint on another device, no host read inside a non-logged step, the
 capturable step run eagerly with the CPU step's results, and the accelerator's paths
-(device clock, packed log copies, one metrics block, Jacobi spectra) storing what the CPU
+(device clock, packed log copies, one metrics block, spectra and kernel predictor by
+batched matmuls) storing what the CPU
 paths store. The same checks on a real GPU are in ``tests/test_gpu.py``."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from benchmarks.gpu import column_differences  # noqa: E402
 torch.set_num_threads(1)
 
 #: Stored columns that are the same computation in another order of kernels on the
-#: accelerator's paths (Jacobi instead of LAPACK): equal to round-off, not bit for bit.
+#: accelerator's paths (batched matmuls instead of LAPACK): equal to round-off, not bit for bit.
 SPECTRAL = {
     "trajectories.ntk_eig_min",
     "trajectories.ntk_eig_max",
@@ -38,6 +39,12 @@ SPECTRAL = {
     "layers.delta_top_sv",
     "layers.stable_rank",
 }
+
+
+#: The kernel predictor's columns are within (S·n + t‖A‖)·ε of LAPACK's on the accelerator's
+#: path, the problem's own condition (``pipeline/train/metrics/_decay.py``): t‖A‖ reaches
+#: about 10² in these chunks, so 64 times the other columns' bound.
+PREDICTOR_ULPS = {"trajectories.lin_test_loss": 64, "trajectories.lin_distance": 64}
 
 
 def _without(tables, column):
@@ -137,7 +144,7 @@ def test_resume_from_the_store_equals_an_uninterrupted_run(tmp_path, accelerated
         for name in whole
     }
     for column, d in column_differences(stored, _without(whole, "attempt")).items():
-        exact = not accelerated or column not in SPECTRAL  # Jacobi against LAPACK: below
+        exact = not accelerated or column not in SPECTRAL  # matmuls against LAPACK: below
         assert d["null_mismatches"] == 0 and (d["max_rel_diff"] == 0 or not exact), column
 
 
@@ -201,7 +208,8 @@ def test_accelerated_paths_store_what_the_cpu_paths_store(case):
     """Every stored column of a chunk trained on the accelerator's paths (on CPU tensors)
     equals the CPU paths' bit for bit, but the spectra, which a different method computes:
     those within a few ulps of their scale (the kernel's largest eigenvalue, the layer's
-    largest singular value, the output's RMS), as any two backward-stable solvers."""
+    largest singular value, the output's RMS), as any two backward-stable solvers, and the
+    kernel predictor's within its condition (``PREDICTOR_ULPS``)."""
     chunk = only_chunk(small_spec(**case))
     cpu = ChunkTrainer(chunk).run()
     acc = ChunkTrainer(chunk, accelerated=True).run()
@@ -211,7 +219,8 @@ def test_accelerated_paths_store_what_the_cpu_paths_store(case):
     assert {"trajectories.train_loss", "layers.top_sv", "runs.t_cross_050"} <= set(differences)
     for column, d in differences.items():
         assert d["null_mismatches"] == 0, column
-        assert d["max_rel_diff"] <= (ulps if column in SPECTRAL else 0.0), column
+        bound = ulps * PREDICTOR_ULPS.get(column, 1) if column in SPECTRAL else 0.0
+        assert d["max_rel_diff"] <= bound, column
 
 
 def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
@@ -239,7 +248,8 @@ def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
     for calls in logged:
         copies = [c for c in calls if c[0] == "_tables"]
         assert copies == [("_tables", "add", "cpu")]
-        assert {c[:2] for c in calls} - {("_tables", "add")} <= {("_jacobi", "run")}
+        # the kernel predictor's one read: the largest t‖A‖, for its number of halvings
+        assert {c[:2] for c in calls} - {("_tables", "add")} <= {("_decay", "decay")}
 
 
 def test_the_cpu_step_reads_nothing_on_the_host_either():
@@ -296,8 +306,8 @@ def test_metrics_take_one_block_on_an_accelerator_and_cache_blocks_on_the_cpu(mo
     import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
     monkeypatch.setattr(blocks_mod, "free_device_bytes", lambda device: 80 << 30)
-    # activations and sensitivities, kernels, three copies of θ, four of the largest
-    # matrix the Jacobi rotations stream (the 64 × 64 kernel and hidden layer)
-    per_member = itemsize * (2 * 64 * 129 + 4 * 64 * 64 + 3 * (640 + 4096 + 64) + 4 * 64 * 64)
+    # activations and sensitivities, kernels, three copies of θ, eight of the largest
+    # matrix the batched spectra hold (the 64 × 64 kernel and hidden layer)
+    per_member = itemsize * (2 * 64 * 129 + 4 * 64 * 64 + 3 * (640 + 4096 + 64) + 8 * 64 * 64)
     on_gpu = metrics_block(dims, probe, itemsize, torch.device("cuda"))
-    assert on_gpu == (40 << 30) // per_member  # half of 80 GiB: 84 307 members of this shape
+    assert on_gpu == (40 << 30) // per_member  # half of 80 GiB: 67 055 members of this shape

@@ -1,8 +1,8 @@
 """benchmarks/gpu.py at toy size on the CPU: structure and consistency, never speed.
 
-No GPU has run it yet (benchmarks/README.md); this keeps the code path it measures, and
-its report, from rotting until one does: the same trainer paths a GPU takes (device
-clock, packed copies, one metrics block, Jacobi spectra) on CPU tensors.
+Between GPU runs this keeps the code path it measures, and its report, from rotting: the
+same planner, trainer paths (device clock, packed copies, one metrics block, spectra by
+batched matmuls) and Parquet writes a GPU run takes, on CPU tensors.
 """
 
 from __future__ import annotations
@@ -23,29 +23,34 @@ torch.set_num_threads(1)
 
 def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
     report = gpu.run(
-        "quick", "cpu", members=(16, 32), widths=(8,), depths=(2,), steps=200, log_points=5,
+        "quick", "cpu", members=32, widths=(8,), depths=(2,), steps=60, log_points=5,
         agree=4, peak_seconds=0.02, out_dir=tmp_path,
     )  # fmt: skip
     data = json.loads((tmp_path / "gpu.quick.json").read_text())
     md = (tmp_path / "gpu.quick.md").read_text()
     assert data == json.loads(json.dumps(report)) and data["name"] == "cpu"
-    assert [(r["width"], r["depth"], r["members"]) for r in data["rows"]] == [
-        (8, 2, 16),
-        (8, 2, 32),
+    assert [(r["width"], r["depth"], r["metrics"]) for r in data["rows"]] == [
+        (8, 2, "off"),
+        (8, 2, "default"),
     ]
+    off, default = data["rows"]
     for r in data["rows"]:
-        rate = r["member_steps_per_s"]
-        assert math.isclose(rate, r["members"] * 200 / r["train_s"])
-        assert rate >= r["member_steps_per_s_wall"] > 0 and r["peak_fraction"] > 0
-        assert r["train_s"] > 0 and r["metrics_s"] > 0
-        # the CPU has no kernels or launches; its host dispatches the step's operators
-        assert r["kernels_per_step"] == r["launches_per_step"] == 0
-        assert 10 < r["host_ops_per_step"] < 200
-        assert r["window"][1] - r["window"][0] == 16
+        assert r["members"] == 32 and r["grid_points"] == gpu.INIT_SCALES * gpu.SEEDS
+        assert math.isclose(r["member_steps_per_s"], 32 * 60 / r["train_s"])
+        parts = ("expansion_s", "setup_s", "train_s", "metrics_s", "tables_s", "write_s")
+        assert all(r[p] > 0 for p in parts) and r["chunk_s"] >= sum(r[p] for p in parts) * 0.999
+        assert math.isclose(r["grid_s"], r["chunk_s"] * r["grid_points"] / 32)
+        assert math.isclose(r["us_per_point"]["setup"], r["setup_s"] * 1e6 / 32)
+        assert r["peak_bytes"] is None and r["planned_bytes"] > 0 and r["peak_fraction"] > 0
+    assert default["metrics_s"] > off["metrics_s"]
+    (kernels,) = data["kernels"]
+    # the CPU has no kernels or launches; its host dispatches the step's operators
+    assert kernels["kernels_per_step"] == kernels["launches_per_step"] == 0
+    assert 10 < kernels["host_ops_per_step"] < 200
     (agree,) = data["agreement"]
     assert agree["points"] == 4 and agree["null_mismatches"] == 0
     assert agree["columns"] == len(agree["per_column"]) > 50
-    assert 0 < agree["max_rel_diff"] < 1e-12  # the spectra: Jacobi against LAPACK
+    assert 0 < agree["max_rel_diff"] < 1e-12  # the spectra: batched matmuls against LAPACK
     exact = {c for c, d in agree["per_column"].items() if d["max_rel_diff"] == 0}
     assert {"trajectories.train_loss", "trajectories.kernel_distance", "runs.status"} <= exact
     assert "## Agreement with the CPU" in md and agree["worst_column"] in md

@@ -44,8 +44,9 @@ def _linear_gd(jac_x, jac_p, r0, f0_p, times, eta):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("accelerated", [False, True], ids=["eigh", "squaring"])
 @pytest.mark.parametrize("g", [1.0, 0.3])
-def test_kernel_predictor_matches_an_explicit_linearized_training(g):
+def test_kernel_predictor_matches_an_explicit_linearized_training(g, accelerated):
     d, m, n, P, lr, steps = 3, 16, 8, 6, 0.05, 200
     spec = validate_spec(
         {
@@ -58,7 +59,7 @@ def test_kernel_predictor_matches_an_explicit_linearized_training(g):
         }
     )
     (chunk,) = make_chunks(expand(spec), spec)
-    tr = ChunkTrainer(chunk)
+    tr = ChunkTrainer(chunk, accelerated=accelerated)
     traj = tr.run()["trajectories"].to_pandas()
     b = tr.batch
     for e, point in enumerate(chunk.points):

@@ -6,8 +6,10 @@ tens of times slower, and only ``runs.device`` would show it.
 
 Off the CPU the trainer takes its accelerator paths (:func:`accelerated`): the
 non-logged step replayed as a CUDA graph, the logged rows copied to the host once per
-logged step, the metrics of the whole chunk in one block, and spectra by a batched
-Jacobi method instead of one cuSOLVER call per member (:mod:`pipeline.train.metrics._spectra`).
+logged step, the metrics of the whole chunk in one block, and the spectra and the kernel
+predictor by fixed sequences of batched matmuls instead of one cuSOLVER call per member
+(:mod:`pipeline.train.metrics._squaring`, :mod:`~pipeline.train.metrics._subspace`,
+:mod:`~pipeline.train.metrics._decay`).
 """
 
 from __future__ import annotations

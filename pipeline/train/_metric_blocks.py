@@ -45,6 +45,7 @@ def metrics_block(
     device: torch.device,
     accelerated: bool | None = None,
     kernels: bool = True,
+    n_train: int = 0,
 ) -> int:
     """Most members per block of metrics.
 
@@ -52,15 +53,18 @@ def metrics_block(
     the probe activations and sensitivities (probe × Σ widths, twice), a few probe × probe
     kernels (where ``kernels``: the NTK metrics are on) and three copies of θ each. ``accelerated`` (default: off the CPU): as many as
     fit :data:`~pipeline.train._models.DEVICE_MEMORY_FRACTION` of the device's free memory with,
-    besides, four copies of the largest matrix the batched spectra rotate; no limit where
-    the device does not report it. On a GPU that is the whole chunk: a logged step costs
+    besides, eight copies of the largest matrix the batched spectra and the kernel predictor
+    hold at once (repeated squaring: the two shifted kernels, their powers and a spare;
+    ``n_train``: the predictor's n × n kernel, where it is on); no limit where the device
+    does not report it. On a GPU that is the whole chunk: a logged step costs
     one pass of the metrics' kernels, not one per cache-sized block."""
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
     per_member = itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels + 3 * n_params)
     if not (is_accelerated(device) if accelerated is None else accelerated):
         return max(1, min(METRICS_BLOCK, METRICS_BLOCK_BYTES // per_member))
-    largest = max([probe * probe] + [a * b for a, b in zip(dims[:-1], dims[1:])])
-    per_member += itemsize * 4 * largest
+    layers = [min(a, b) ** 2 for a, b in zip(dims[:-1], dims[1:])]
+    largest = max([probe * probe * kernels, n_train * n_train] + layers)
+    per_member += itemsize * 8 * largest
     free = free_device_bytes(device)
     return sys.maxsize if free is None else max(1, int(DEVICE_MEMORY_FRACTION * free) // per_member)
 
@@ -115,6 +119,7 @@ def member_blocks(
         device,
         accelerated,
         kernels=metrics.ntk,
+        n_train=batch.x_train.shape[1] if metrics.ntk and metrics.linearized else 0,
     )
     if block >= E:
         return make(net, params0, batch)

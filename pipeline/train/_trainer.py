@@ -113,8 +113,8 @@ class ChunkTrainer:
     :func:`pipeline.train._device.accelerated`): take the accelerator's paths, the same
     arithmetic in another order of kernels: the non-logged step with its step index and
     schedule read from device tensors (captured as a CUDA graph on CUDA), the logged rows
-    packed into one copy per logged step, the metrics in one block and the spectra by the
-    batched Jacobi method. Tests set it on the CPU to run those paths where no GPU is.
+    packed into one copy per logged step, the metrics in one block, and the spectra and
+    the kernel predictor by fixed sequences of batched matmuls. Tests set it on the CPU to run those paths where no GPU is.
     """
 
     def __init__(
@@ -197,7 +197,7 @@ class ChunkTrainer:
         params = self.params0.clone()
         recorder = member_blocks(
             lambda net, params0, batch: MetricRecorder.for_run(
-                net, params0, batch, self.base, sorted(logged), jacobi=self.accelerated
+                net, params0, batch, self.base, sorted(logged), accelerated=self.accelerated
             ),
             self.net,
             self.params0,

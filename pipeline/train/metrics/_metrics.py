@@ -72,8 +72,9 @@ Cost: one probe forward, one backward per output for the NTK (O(E·P²·width) p
 layer), one test forward and backward per output for the transversal gradient,
 one batched SVD per layer (O(width³) for square layers) and one eigendecomposition
 of the kernel (O(P³)) per logged step. The decompositions run in LAPACK far below
-the matmul rate (on an accelerator: by the batched Jacobi method, which streams the
-matrices once per round), so ``metrics.spectra_budget`` caps their estimated work
+the matmul rate (on an accelerator they are fixed sequences of batched matmuls instead:
+:mod:`pipeline.train.metrics._squaring`, :mod:`pipeline.train.metrics._subspace`,
+:mod:`pipeline.train.metrics._decay`), so ``metrics.spectra_budget`` caps their estimated work
 (per method: :func:`pipeline.train.metrics._spectra.svd_work`) at a fraction of the training's by
 computing them at a log-spaced subset of the logged steps (NULL at the others);
 ``metrics.spectra`` turns the SVDs off, ``metrics.ntk`` the kernel.
@@ -191,9 +192,9 @@ class MetricRecorder:
     ``metrics.even_part`` is None). ``logged_steps`` and ``train_flops`` (the
     training's work per member, in flops) let ``metrics.spectra_budget`` choose the
     logged steps that get singular values; without them every call computes them.
-    :meth:`for_run` fills all three from a run's config. ``jacobi``: eigenvalues and
-    singular values by the batched Jacobi method (:mod:`pipeline.train.metrics._jacobi`, the
-    accelerator's path) instead of LAPACK, and the spectra budget costed for it.
+    :meth:`for_run` fills all three from a run's config. ``accelerated``: the accelerator's
+    paths (eigenvalues, singular values and the kernel predictor by fixed sequences of
+    batched matmuls instead of LAPACK, and the spectra budget costed for them).
     """
 
     def __init__(
@@ -205,10 +206,10 @@ class MetricRecorder:
         data_kind: str | None = None,
         logged_steps: Sequence[int] | None = None,
         train_flops: float | None = None,
-        jacobi: bool = False,
+        accelerated: bool = False,
     ) -> None:
         self.net, self.batch, self.cfg = net, batch, cfg
-        self.jacobi = jacobi
+        self.accelerated = accelerated
         self.params0 = params0.clone()
         self.norm0 = self.params0.sq_norm().sqrt()
         self.w0_sq = [member_sq_norm(w) for w in self.params0.weights]
@@ -245,7 +246,7 @@ class MetricRecorder:
             x_all = torch.cat([batch.x_train, self.probe_x], 1)
             fwd_all = net.forward(self.params0, x_all)
             k_all = empirical_ntk(net, self.params0, x_all, fwd=fwd_all)
-            self.flow = KernelFlow(k_all, fwd_all.output, batch.y_train, jacobi)
+            self.flow = KernelFlow(k_all, fwd_all.output, batch.y_train, accelerated)
 
         # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial balance
         self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
@@ -256,8 +257,8 @@ class MetricRecorder:
 
         # the logged steps that get singular values and kernel eigenvalues (None: every call)
         self.spectra_steps: set[int] | None = None
-        per_log = (2 * svd_work(net.dims, jacobi) if cfg.spectra else 0.0) + (
-            eig_work(P, jacobi) if cfg.ntk else 0.0
+        per_log = (2 * svd_work(net.dims, accelerated, cfg.top_k) if cfg.spectra else 0.0) + (
+            eig_work(P, accelerated) if cfg.ntk else 0.0
         )
         if per_log and cfg.spectra_budget is not None and logged_steps and train_flops:
             steps = sorted(int(k) for k in logged_steps)
@@ -271,7 +272,7 @@ class MetricRecorder:
         batch: DataBatch,
         config: RunConfig,
         logged_steps: Sequence[int],
-        jacobi: bool = False,
+        accelerated: bool = False,
     ) -> MetricRecorder:
         """The recorder of a chunk whose members share ``config``'s shapes."""
         t = config.train
@@ -284,7 +285,7 @@ class MetricRecorder:
             data_kind=config.data.kind,
             logged_steps=logged_steps,
             train_flops=per_step * t.steps,
-            jacobi=jacobi,
+            accelerated=accelerated,
         )
 
     # -- one logged step ------------------------------------------------------------------------
@@ -342,7 +343,7 @@ class MetricRecorder:
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
             if spectra:
-                out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k, self.jacobi)
+                out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k, self.accelerated)
             else:
                 out["ntk_eig_min"] = out["ntk_eig_max"] = _nan(norm)
 
@@ -373,7 +374,9 @@ class MetricRecorder:
             # W_l and W_l − W_l(0) of every member in one batch
             both = torch.stack(
                 [
-                    top_singular_values(torch.cat([x, d]), k, finite[:, l].repeat(2), self.jacobi)
+                    top_singular_values(
+                        torch.cat([x, d]), k, finite[:, l].repeat(2), self.accelerated
+                    )
                     for l, (x, d) in enumerate(zip(params.weights, diffs))
                 ],
                 1,

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import torch
 from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params
-from phasesweep.pipeline.train.metrics import _jacobi
+from phasesweep.pipeline.train.metrics import _decay, _squaring
 from torch import Tensor
 
 
@@ -148,22 +148,27 @@ def kernel_alignment(k: Tensor, y: Tensor) -> Tensor:
     return inner / (_fro(k) * _fro(target))
 
 
-def extreme_eigenvalues(k: Tensor, jacobi: bool = False) -> tuple[Tensor, Tensor]:
+def extreme_eigenvalues(k: Tensor, accelerated: bool = False) -> tuple[Tensor, Tensor]:
     """Smallest and largest eigenvalue of each symmetric (E, P, P) kernel; NaN for a
     member whose kernel is not finite (it does not stop the others).
 
     LAPACK: a finite total means every entry is finite (NaN and ±inf propagate through a
     sum), so the usual case costs one reduction and one host read, not a mask and a
-    masked copy. ``jacobi``: by :func:`pipeline.train.metrics._jacobi.eigh`, always masked (no host
-    read of the total)."""
-    if not jacobi and bool(torch.isfinite(k.sum()).item()):
+    masked copy. ``accelerated``: by repeated squaring
+    (:func:`pipeline.train.metrics._squaring.extreme_eigenvalues`: batched matmuls, within a
+    small multiple of P·ε·‖K‖_F as LAPACK), always masked (no host read)."""
+    if not accelerated and bool(torch.isfinite(k.sum()).item()):
         ev = torch.linalg.eigvalsh(k)
         return ev[:, 0], ev[:, -1]
     ok = torch.isfinite(k).reshape(k.shape[0], -1).all(1)
     safe = torch.where(ok.view(-1, 1, 1), k, torch.zeros((), dtype=k.dtype, device=k.device))
-    ev = _jacobi.eigh(safe)[0] if jacobi else torch.linalg.eigvalsh(safe)
-    nan = torch.full_like(ev[:, 0], float("nan"))
-    return torch.where(ok, ev[:, 0], nan), torch.where(ok, ev[:, -1], nan)
+    if accelerated:
+        low, high = _squaring.extreme_eigenvalues(safe)
+    else:
+        ev = torch.linalg.eigvalsh(safe)
+        low, high = ev[:, 0], ev[:, -1]
+    nan = torch.full_like(low, float("nan"))
+    return torch.where(ok, low, nan), torch.where(ok, high, nan)
 
 
 class KernelFlow:
@@ -171,33 +176,47 @@ class KernelFlow:
 
     With the loss ``1/(2n) Σ (f − y)²`` (one output) the linearization
     ``f_lin(θ) = f_0 + J_0 (θ − θ_0)`` evolves by ``df/dt = −(1/n) K r``, ``r = f_X − y``,
-    K = J_0 J_0ᵀ the NTK at init on the n training points X. With K = V Λ Vᵀ and
-    a = Vᵀ r(0):
+    K = J_0 J_0ᵀ the NTK at init on the n training points X, so
 
-        r(t)        = V e^{−tΛ/n} a
-        f_lin(x, t) = f_0(x) − K_xX V diag((1 − e^{−tλ/n}) / λ) a
+        r(t)        = e^{−tK/n} r(0)
+        f_lin(x, t) = f_0(x) − (1/n) K_xX ∫₀ᵗ r(s) ds.
 
-    (the factor is t/n where λ = 0; λ < 0 from round-off is taken as 0). Built once per
-    chunk from the kernel on [X; P] (P the probe inputs); :meth:`probe_outputs` costs
-    O(E·P·n) per call. Members ``(E, …)`` throughout.
+    LAPACK: with K = V Λ Vᵀ and a = Vᵀ r(0), ∫₀ᵗ r = V diag(n(1 − e^{−tλ/n})/λ) a (t where
+    λ = 0; λ < 0 from round-off is taken as 0): one eigendecomposition per chunk, then
+    O(E·P·n) per call. ``accelerated``: by scaling and squaring at each call
+    (:func:`pipeline.train.metrics._decay.decay`: batched matmuls, no eigendecomposition).
+    Built once per chunk from the kernel on [X; P] (P the probe inputs); members
+    ``(E, …)`` throughout.
     """
 
-    def __init__(self, k_all: Tensor, f0: Tensor, y_train: Tensor, jacobi: bool = False) -> None:
+    def __init__(
+        self, k_all: Tensor, f0: Tensor, y_train: Tensor, accelerated: bool = False
+    ) -> None:
         """``k_all`` (E, n + P, n + P): the NTK at init on [X; P]; ``f0`` (E, n + P, 1) the
-        outputs at init there; ``y_train`` (E, n, 1). ``jacobi``: the eigendecomposition
-        by :func:`pipeline.train.metrics._jacobi.eigh` instead of LAPACK."""
+        outputs at init there; ``y_train`` (E, n, 1)."""
         n = y_train.shape[1]
         self.n = n
+        self.accelerated = accelerated
         k_xx = k_all[:, :n, :n]
-        lam, v = _jacobi.eigh(k_xx, vectors=True) if jacobi else torch.linalg.eigh(k_xx)
+        r0 = f0[:, :n] - y_train
+        self.f0_probe = f0[:, n:]
+        if accelerated:
+            self.a = k_xx / n  # (E, n, n)
+            self.a_norm = torch.linalg.vector_norm(self.a, dim=(1, 2))
+            self.kx = k_all[:, n:, :n]  # (E, P, n)
+            self.r0 = r0
+            return
+        lam, v = torch.linalg.eigh(k_xx)
         self.lam = lam.clamp(min=0.0)
         self.kx_v = torch.bmm(k_all[:, n:, :n], v)  # (E, P, n)
-        self.a = torch.bmm(v.transpose(1, 2), f0[:, :n] - y_train)  # (E, n, 1)
-        self.f0_probe = f0[:, n:]
+        self.coef = torch.bmm(v.transpose(1, 2), r0)  # (E, n, 1)
 
     def probe_outputs(self, t: Tensor) -> Tensor:
         """f_lin at gradient-flow times ``t`` (E,) on the probe inputs: (E, P, 1)."""
+        if self.accelerated:
+            integral = _decay.decay(self.a, self.a_norm, t, self.r0)[1]
+            return self.f0_probe - torch.bmm(self.kx, integral) / self.n
         x = t.unsqueeze(1) * self.lam / self.n  # (E, n): tλ/n
         safe = torch.where(self.lam > 0, self.lam, torch.ones_like(self.lam))
         gain = torch.where(self.lam > 0, -torch.expm1(-x) / safe, t.unsqueeze(1) / self.n)
-        return self.f0_probe - torch.bmm(self.kx_v, gain.unsqueeze(2) * self.a)
+        return self.f0_probe - torch.bmm(self.kx_v, gain.unsqueeze(2) * self.coef)

@@ -4,9 +4,10 @@ All functions are batched over the ensemble axis; a member whose weights are
 not finite gets NaN and never stops the others (batched LAPACK calls fail on
 non-finite input, so such members are replaced by zeros before the call).
 
-Singular values come from LAPACK (``torch.linalg.svdvals``) or, with ``jacobi``, from
-the batched Jacobi method of :mod:`pipeline.train.metrics._jacobi` (the accelerator's path: no
-solver call per member, no host read of error codes); both to working precision.
+Singular values come from LAPACK (``torch.linalg.svdvals``, to working precision) or,
+with ``accelerated``, from block subspace iteration
+(:mod:`pipeline.train.metrics._subspace`: batched matmuls, no solver call per member; its
+docstring gives its accuracy).
 
 Cost: the singular values of a (fan_out, fan_in) layer cost O(E·m²·M) with
 m = min(fan_out, fan_in), M = max — for wide square layers more than many
@@ -18,12 +19,10 @@ blocks of members to bound memory).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from phasesweep.pipeline.train._models import Params, member_sq_norm
-from phasesweep.pipeline.train.metrics import _jacobi
+from phasesweep.pipeline.train.metrics import _squaring, _subspace
 from torch import Tensor
 
 #: Most elements of one (members × n × n) temporary of the matrix balance.
@@ -35,17 +34,21 @@ def _finite_rows(t: Tensor) -> Tensor:
 
 
 def top_singular_values(
-    w: Tensor, k: int, finite: Tensor | None = None, jacobi: bool = False
+    w: Tensor, k: int, finite: Tensor | None = None, accelerated: bool = False
 ) -> Tensor:
     """The k largest singular values of each (E, a, b) matrix, descending: (E, k).
 
     Entries beyond min(a, b) are NaN (stored as NULL); NaN rows for non-finite members.
     ``finite``: (E,) bool, whether each member's matrix is finite, if already known.
-    ``jacobi``: by :func:`pipeline.train.metrics._jacobi.svdvals` instead of LAPACK.
+    ``accelerated``: by :func:`pipeline.train.metrics._subspace.top_singular_values`
+    instead of LAPACK.
     """
     ok = _finite_rows(w) if finite is None else finite
     safe = torch.where(ok.view(-1, 1, 1), w, torch.zeros((), dtype=w.dtype, device=w.device))
-    sv = (_jacobi.svdvals(safe) if jacobi else torch.linalg.svdvals(safe))[:, :k]
+    if accelerated:
+        sv = _subspace.top_singular_values(safe, k)
+    else:
+        sv = torch.linalg.svdvals(safe)[:, :k]
     sv = torch.where(ok.unsqueeze(1), sv, torch.full_like(sv, float("nan")))
     if sv.shape[1] < k:
         pad = sv.new_full((sv.shape[0], k - sv.shape[1]), float("nan"))
@@ -134,17 +137,17 @@ def balance_matrix_drift(params: Params, params0: Params, d0: list[Tensor] | Non
     return torch.stack(cols, 1)
 
 
-def svd_work(dims: list[int], jacobi: bool = False) -> float:
+def svd_work(dims: list[int], accelerated: bool = False, k: int = 5) -> float:
     """Estimated work of the singular values of one member's layers, in training-flop
     units: ~36 m²M per (M × m) matrix. LAPACK's bidiagonalisation costs 8/3 m²M flops
     for a square matrix, but batched ``svdvals`` of small matrices runs far below the
     training's matmul rate: measured on a 2-core CPU at 256 members of width 64,
     about 1/13 of it (98 ms per logged step where 8 m²M at that rate predicted 22 ms).
-    ``jacobi``: the batched Jacobi method's (:func:`jacobi_work`)."""
+    ``accelerated``: block subspace iteration's for the ``k`` largest (:func:`subspace_work`)."""
     total = 0.0
     for a, b in zip(dims[:-1], dims[1:]):
         m, big = min(a, b), max(a, b)
-        total += jacobi_work(m, big, SVD_PASSES) if jacobi else SVD_COST * m * m * big
+        total += subspace_work(m, big, k) if accelerated else SVD_COST * m * m * big
     return total
 
 
@@ -152,41 +155,34 @@ def svd_work(dims: list[int], jacobi: bool = False) -> float:
 SVD_COST = 36.0
 
 
-def eig_work(size: int, jacobi: bool = False) -> float:
-    """Estimated work of the eigenvalues of one member's (size × size) symmetric kernel, in
-    training-flop units: ~24 size³. Measured beside :data:`SVD_COST`: batched ``eigvalsh``
-    of 256 kernels of size 64 took 24 ms where ``svdvals`` of 256 matrices 64 × 64 took 38 ms
-    (LAPACK's tridiagonalisation, like the bidiagonalisation, runs far below the matmul rate).
-    ``jacobi``: the batched Jacobi method's (:func:`jacobi_work`)."""
-    return jacobi_work(size, size, EIG_PASSES) if jacobi else EIG_COST * size**3
+def eig_work(size: int, accelerated: bool = False) -> float:
+    """Estimated work of the extreme eigenvalues of one member's (size × size) symmetric
+    kernel, in training-flop units: ~24 size³. Measured beside :data:`SVD_COST`: batched
+    ``eigvalsh`` of 256 kernels of size 64 took 24 ms where ``svdvals`` of 256 matrices
+    64 × 64 took 38 ms (LAPACK's tridiagonalisation, like the bidiagonalisation, runs far
+    below the matmul rate). ``accelerated``: repeated squaring's, both eigenvalues:
+    2·m matmuls of 2·size³ flops (:func:`pipeline.train.metrics._squaring.squarings`), at
+    about the training's rate (batched 64 × 64 float64 matmuls run at 26 TFLOP/s on an
+    H200, the training of width 256 at about 20)."""
+    if accelerated:
+        return 2 * _squaring.squarings(size) * 2.0 * size**3
+    return EIG_COST * size**3
 
 
 #: Training-flop equivalents per size³ of a symmetric eigenvalue computation (see :func:`eig_work`).
 EIG_COST = 24.0
 
 
-def jacobi_work(n: int, length: int, passes: int) -> float:
-    """Estimated work of :mod:`pipeline.train.metrics._jacobi` on one member's n × ``length`` matrix, in
-    training-flop units: sweeps × (n − 1) rounds, each ``passes`` reads or writes of the
-    n × length entries (it streams them; the rotations' arithmetic is negligible), each
-    worth :data:`JACOBI_PASS_COST`. Sweeps: 2·log2 n, at least :data:`~pipeline.train.metrics._jacobi.MIN_SWEEPS`
-    (random matrices of order 64 take 9-10, graded ones up to 21)."""
-    if n < 2:
-        return 0.0
-    sweeps = max(_jacobi.MIN_SWEEPS, 2.0 * math.log2(n))
-    return sweeps * (n - 1) * passes * n * length * JACOBI_PASS_COST
-
-
-#: Passes over the matrix per round: singular values (the pairs' Gram, the rotation, the
-#: gather: 1 + 2 + 2) and eigenvalues (rotate rows, transpose, rotate, two gathers: 2 each).
-SVD_PASSES, EIG_PASSES = 5, 10
-
-#: Training flops one entry's read or write stands for: an estimate for a GPU, not yet
-#: measured (no GPU has run benchmarks/gpu.py): an H100 streams 16 bytes (a float64 read
-#: and write) in the time its small batched GEMMs do ~50 flops (3 TB/s against ~10 of
-#: its 67 fp64 TFLOP/s). benchmarks/gpu.py reports the training and metrics times that
-#: calibrate it.
-JACOBI_PASS_COST = 50.0
+def subspace_work(m: int, length: int, k: int = 5) -> float:
+    """Estimated work of :func:`pipeline.train.metrics._subspace.top_singular_values` on one
+    member's m × ``length`` matrix (m the shorter side), in training-flop units: per
+    iteration two products with it (4·m·length·b flops) and the re-orthonormalisations
+    (two passes of 4·(m + length)·b² each), counted at the training's rate; the b × b
+    Choleskys and the final b × b singular values are negligible."""
+    b = _subspace.block_size(m, k)
+    if b == m:
+        return 4.0 * m * m * length
+    return _subspace.ITERATIONS * (4.0 * m * length * b + 8.0 * (m + length) * b * b)
 
 
 def spectra_schedule(

@@ -1,0 +1,203 @@
+"""The accelerator's spectra and kernel predictor (fixed sequences of batched matmuls:
+``_squaring``, ``_subspace``, ``_decay``) against LAPACK, on random, graded, clustered,
+rank-deficient and zero matrices and on the kernels and layers the shipped sweeps make.
+Bounds hold for any summation order: they are multiples of n·ε·‖A‖."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from phasesweep.pipeline.grid import expand, make_chunks
+from phasesweep.pipeline.spec import validate_spec
+from phasesweep.pipeline.train._trainer import ChunkTrainer
+from phasesweep.pipeline.train.metrics import _decay, _squaring, _subspace
+from phasesweep.pipeline.train.metrics._ntk import empirical_ntk
+
+torch.set_num_threads(1)
+F64 = torch.float64
+EPS = torch.finfo(F64).eps
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def _rng(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _with_spectrum(values: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Symmetric (E, n, n) matrices Q diag(values) Qᵀ with random orthogonal Q."""
+    E, n = values.shape
+    q = torch.linalg.qr(torch.randn(E, n, n, dtype=F64, generator=_rng(seed)))[0]
+    return q @ torch.diag_embed(values) @ q.mT
+
+
+def _symmetric_cases(E: int = 16, n: int = 48) -> dict[str, torch.Tensor]:
+    g = torch.randn(E, n, n, dtype=F64, generator=_rng(1))
+    low = torch.randn(E, n, 3, dtype=F64, generator=_rng(2))
+    clustered = torch.ones(E, n, dtype=F64)
+    clustered[:, -2:] += torch.tensor([1e-10, 2e-10], dtype=F64)
+    clustered[:, :3] -= 1e-9
+    return {
+        "random symmetric": g + g.mT,
+        "wishart": g @ g.mT,
+        "graded over 16 decades": _with_spectrum(
+            (10.0 ** torch.linspace(-14, 2, n, dtype=F64)).expand(E, n).clone()
+        ),
+        "clustered": _with_spectrum(clustered),
+        "negative definite": -(g @ g.mT),
+        "rank 3": low @ low.mT,
+        "zero": torch.zeros(E, n, n, dtype=F64),
+        "order 1": torch.randn(E, 1, 1, dtype=F64, generator=_rng(3)),
+    }
+
+
+def _shipped_trainer(name: str) -> ChunkTrainer:
+    """The first chunk of a shipped sweep with each grid axis cut to its first two values."""
+    raw = yaml.safe_load((SWEEPS / f"{name}.yaml").read_text())
+    raw["grid"] = {axis: values[:2] if isinstance(values, list) else values
+                   for axis, values in raw["grid"].items()}  # fmt: skip
+    spec = validate_spec(raw)
+    return ChunkTrainer(make_chunks(expand(spec), spec)[0])
+
+
+def _shipped_kernels() -> dict[str, torch.Tensor]:
+    """NTKs at init on the probe set of the shipped sweeps' nets."""
+    out = {}
+    for name in ("quickstart", "lazy_rich", "biasfree_linear", "saddle_escape"):
+        tr = _shipped_trainer(name)
+        probe = tr.batch.x_test[:, : tr.base.metrics.probe_size]
+        out[name] = empirical_ntk(tr.net, tr.params0, probe)
+    return out
+
+
+# -- extreme eigenvalues by repeated squaring --------------------------------------------------
+
+
+def _assert_extremes(k: torch.Tensor, factor: float = 4.0) -> None:
+    low, high = _squaring.extreme_eigenvalues(k)
+    ev = torch.linalg.eigvalsh(k)
+    bound = factor * k.shape[1] * EPS * torch.linalg.vector_norm(k, dim=(1, 2))
+    assert ((low - ev[:, 0]).abs() <= bound).all(), (low - ev[:, 0]).abs().max()
+    assert ((high - ev[:, -1]).abs() <= bound).all(), (high - ev[:, -1]).abs().max()
+
+
+@pytest.mark.parametrize("case", list(_symmetric_cases()))
+def test_extreme_eigenvalues_within_n_eps_of_lapack(case):
+    _assert_extremes(_symmetric_cases()[case])
+
+
+def test_extreme_eigenvalues_of_the_shipped_sweeps_kernels():
+    for k in _shipped_kernels().values():
+        _assert_extremes(k)
+
+
+def test_extreme_eigenvalues_of_each_member_do_not_depend_on_the_others():
+    k = _symmetric_cases()["wishart"]
+    low, high = _squaring.extreme_eigenvalues(k)
+    for e in (0, 7):
+        alone = _squaring.extreme_eigenvalues(k[e : e + 1])
+        assert alone[0][0] == low[e] and alone[1][0] == high[e]
+
+
+def test_the_squarings_make_the_gap_free_bound_eps():
+    for n in (1, 8, 64, 512):
+        m = _squaring.squarings(n)
+        assert 2 * n / 2**m <= EPS < 2 * n / 2 ** (m - 1)
+
+
+def test_a_wrong_count_of_squarings_is_seen(monkeypatch):
+    """The check above can fail: with too few squarings a flat spectrum is not resolved."""
+    monkeypatch.setattr(_squaring, "squarings", lambda n, dtype=F64: 3)
+    with pytest.raises(AssertionError):
+        _assert_extremes(_symmetric_cases()["wishart"])
+
+
+# -- top singular values by block subspace iteration -----------------------------------------
+
+
+def _layer_cases(E: int = 6) -> dict[str, torch.Tensor]:
+    def r(*shape, seed):  # noqa: ANN002, ANN202
+        return torch.randn(*shape, dtype=F64, generator=_rng(seed))
+
+    n = 128
+    return {
+        "gaussian square (init)": r(E, n, n, seed=4) / n**0.5,
+        "gaussian plus rank one": r(E, n, n, seed=5) / n**0.5
+        + 3 * r(E, n, 1, seed=6) @ r(E, 1, n, seed=7) / n,
+        "rank 3": r(E, n, 3, seed=8) @ r(E, 3, n, seed=9),
+        "rank 3 plus noise": r(E, n, 3, seed=8) @ r(E, 3, n, seed=9) + 1e-4 * r(E, n, n, seed=10),
+        "tall (first layer)": r(E, n, 10, seed=11),
+        "one row (last layer)": r(E, 1, n, seed=12),
+        "wide rectangle": r(E, 40, n, seed=13),
+        "orthogonal": torch.linalg.qr(r(E, n, n, seed=14))[0],
+        "zero": torch.zeros(E, n, n, dtype=F64),
+    }
+
+
+@pytest.mark.parametrize("case", list(_layer_cases()))
+def test_top_singular_values_against_lapack(case):
+    w = _layer_cases()[case]
+    got = _subspace.top_singular_values(w, 5)
+    ref = torch.linalg.svdvals(w)[:, : got.shape[1]]
+    _assert_top(got, ref, w.shape[1])
+
+
+def _assert_top(got: torch.Tensor, ref: torch.Tensor, m: int) -> None:
+    """The docstring's bound: within 4·m·ε·σ₁ of LAPACK's (convergence included, at the
+    flattest spectra a layer has)."""
+    assert ((got - ref).abs() <= 4 * m * EPS * ref[:, :1]).all(), (
+        (got - ref).abs() / ref[:, :1]
+    ).max()
+
+
+def test_top_singular_values_of_the_shipped_sweeps_layers():
+    for name in ("width_laziness", "quickstart", "balancedness"):
+        for w in _shipped_trainer(name).params0.weights:
+            got = _subspace.top_singular_values(w, 5)
+            _assert_top(got, torch.linalg.svdvals(w)[:, : got.shape[1]], min(w.shape[1:]))
+
+
+def test_too_few_iterations_are_seen(monkeypatch):
+    monkeypatch.setattr(_subspace, "ITERATIONS", 4)
+    with pytest.raises(AssertionError):
+        test_top_singular_values_against_lapack("gaussian square (init)")
+
+
+# -- exp(−tA)r and its integral by scaling and squaring ----------------------------------------
+
+
+def _decay_by_eigh(a: torch.Tensor, t: torch.Tensor, r: torch.Tensor):  # noqa: ANN202
+    lam, v = torch.linalg.eigh(a)
+    lam = lam.clamp_min(0.0)
+    c = v.mT @ r
+    x = t.unsqueeze(1) * lam
+    gain = torch.where(lam > 0, -torch.expm1(-x) / torch.where(lam > 0, lam, 1.0), t.unsqueeze(1))
+    return v @ (torch.exp(-x).unsqueeze(2) * c), v @ (gain.unsqueeze(2) * c)
+
+
+@pytest.mark.parametrize("case", ["wishart", "graded over 16 decades", "rank 3", "zero"])
+@pytest.mark.parametrize("t_max", [0.0, 1e-3, 1.0, 1e4])
+def test_decay_against_the_eigendecomposition(case, t_max):
+    a = _symmetric_cases()[case]
+    a = a / torch.linalg.vector_norm(a, dim=(1, 2)).clamp_min(1e-300).view(-1, 1, 1) * 3.0
+    E, n, _ = a.shape
+    t = torch.linspace(0, t_max, E, dtype=F64)
+    r = torch.randn(E, n, 2, dtype=F64, generator=_rng(20))
+    norm = torch.linalg.vector_norm(a, dim=(1, 2))
+    x, y = _decay.decay(a, norm, t, r)
+    x_ref, y_ref = _decay_by_eigh(a, t, r)
+    steps = _decay.halvings(float((t * norm).max())) + 1
+    scale = r.norm(dim=(1, 2)).view(-1, 1, 1)
+    # the docstring's bound: both methods move e^{−tλ} by t·ε‖A‖ (the problem's condition)
+    bound = 8 * (steps * n + t * norm).view(-1, 1, 1) * EPS * scale
+    assert ((x - x_ref).abs() <= bound).all(), ((x - x_ref).abs() / scale).max()
+    assert ((y - y_ref).abs() <= bound * (1 + t.view(-1, 1, 1))).all()
+
+
+def test_the_taylor_degree_reaches_eps():
+    import math
+
+    theta, q = _decay.THETA, _decay.DEGREE
+    assert theta ** (q + 1) / math.factorial(q + 2) < EPS / 4
