@@ -76,6 +76,9 @@ AGREE_STEPS = 200
 #: (zero to round-off for linear nets) that of its largest; the distance of the net from
 #: its linearisation that of the outputs.
 SCALE_OF = {"ntk_eig_min": "ntk_eig_max", "lin_distance": "output_norm"}
+#: Columns that are already relative to a scale of 1 (a ratio to ‖W(0)‖², one minus a
+#: cosine), near 0 where the physics makes them small: their round-off is that of 1.
+UNIT_SCALE = {"balance_defect", "kernel_distance"}
 #: Columns that differ between any two runs, or are the device's own.
 UNCOMPARED = {"wall_seconds", "chunk_wall_seconds", "finished_at", "device", "torch_threads"}
 KEYS = {
@@ -135,7 +138,7 @@ def column_differences(
     """Every stored column of two runs of one chunk, row by row: ``{"table.column":
     {"max_rel_diff": largest |a − b| over the column's scale, "null_mismatches": rows NULL
     in one run only}}``. The scale is the column's largest magnitude in ``a`` (for
-    :data:`SCALE_OF`'s columns, the other column's); text columns (ids, statuses, configs)
+    :data:`SCALE_OF`'s columns, the other column's; at least 1 for :data:`UNIT_SCALE`'s); text columns (ids, statuses, configs)
     count 1 where they differ, 0 where they are equal."""
     out: dict[str, dict[str, float | int]] = {}
     for name, keys in KEYS.items():
@@ -157,6 +160,8 @@ def column_differences(
             u, v = _values(x[col]), _values(y[col])
             nulls = np.isnan(u) != np.isnan(v)
             scale = np.nanmax(np.abs(_values(x[SCALE_OF.get(col, col)])), initial=0.0)
+            if col in UNIT_SCALE:
+                scale = max(scale, 1.0)
             diff = np.nanmax(np.where(nulls, np.nan, np.abs(u - v)), initial=0.0)
             out[f"{name}.{col}"] = {
                 "max_rel_diff": float(diff / scale) if scale > 0 else float(diff),
