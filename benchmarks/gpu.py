@@ -138,8 +138,8 @@ def column_differences(
     """Every stored column of two runs of one chunk, row by row: ``{"table.column":
     {"max_rel_diff": largest |a − b| over the column's scale, "null_mismatches": rows NULL
     in one run only}}``. The scale is the column's largest magnitude in ``a`` (for
-    :data:`SCALE_OF`'s columns, the other column's; at least 1 for :data:`UNIT_SCALE`'s); text columns (ids, statuses, configs)
-    count 1 where they differ, 0 where they are equal."""
+    :data:`SCALE_OF`'s columns, the other column's; at least 1 for :data:`UNIT_SCALE`'s);
+    text columns (ids, statuses, configs) count 1 where they differ, 0 where they are equal."""
     out: dict[str, dict[str, float | int]] = {}
     for name, keys in KEYS.items():
         x = a[name].to_pandas().sort_values(keys).reset_index(drop=True)
