@@ -104,3 +104,14 @@ def test_lazy_training_exponents(tmp_path):
     evaluation = _reproduced(tmp_path, "lazy_training", ["grid.init_scale={logspace: [-1, 1, 5]}"])
     assert len(evaluation.checks) == 3
     assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_escape_time_exponents_by_depth(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "escape_time",
+        ["grid.depth=[2, 3, 4]", "grid.init_scale={logspace: [-4, -1, 4]}", "grid.seed=[0, 1]"],
+    )
+    assert len(evaluation.checks) == 3
+    assert evaluation.passed, evaluation.caption
