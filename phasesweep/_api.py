@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # the run use case imports Ray's driver: only on first use
     from phasesweep.storage._maintenance import Report
     from phasesweep.storage._store import Damage
 
+    from phasesweep._gallery import Evaluation
+
     SpecSource = str | Path | Mapping[str, Any] | SweepSpec
 
 #: Names ``table`` accepts instead of SQL: the catalog's views.
@@ -429,6 +431,34 @@ def report(
     from phasesweep import analysis
 
     return analysis.report(_sweep_store(sweep, store), sweep, out)
+
+
+def gallery(
+    names: Sequence[str] = (),
+    store: Store | str | Path | None = None,
+    out: str | Path | None = None,
+    *,
+    full: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+) -> list[tuple[Evaluation, list[Path]]]:
+    """Reproduce the gallery's results named (all for none; ``phasesweep gallery``): train
+    what the store lacks of each one's sweep (default size, or the paper's range with
+    ``full``), analyze it, check the paper's claim, draw figure, caption and SQL into ``out``
+    (default ``STORE/figures/gallery``). Returns each result's ``Evaluation`` (``passed``,
+    ``checks``, ``caption``) with its files. An unknown name is a :class:`SpecError`."""
+    from phasesweep._gallery import reproduce_all
+
+    opened = open_store(store, must_exist=False)
+    return reproduce_all(names, opened, out, full=full, address=address, progress=progress)
+
+
+def gallery_entries(names: Sequence[str] = (), *, full: bool = False) -> dict[str, tuple[str, str]]:
+    """Result name -> (its line of ``phasesweep gallery --list``: paper, equation, size and
+    time on 2 CPU cores; the SQL it reads its numbers with, as ``--show-sql`` prints it)."""
+    from phasesweep._gallery import listing, select
+
+    return {r.name: (listing(r, full), r.query(r.sweep_name(full))) for r in select(names)}
 
 
 def refine(

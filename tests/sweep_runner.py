@@ -74,3 +74,12 @@ def loglog_slope(x, y) -> float:
 
 def geo_mean(values) -> float:
     return float(np.exp(np.mean(np.log(np.asarray(values, float)))))
+
+
+def store_sweep(path: Path, overrides: list[str], store) -> SweepSpec:  # noqa: ANN001
+    """Train the spec at ``path`` with ``overrides`` in-process (no Ray) and commit its
+    chunks to ``store`` as a launch does (``Store.write_chunk``); the spec."""
+    spec, _ = load_spec_and_raw(path, list(overrides))
+    for chunk in make_chunks(expand(spec), spec):
+        store.write_chunk(spec.name, chunk.chunk_id, train_chunk(chunk))
+    return spec

@@ -12,6 +12,8 @@ loads. docs/design.md ("Code layout") draws the same arrows.
   chunks: no torch, no Ray; its reach check reads ``analysis.config``); ``train`` (the
   ensemble trainer: no Ray, no fsspec; it builds its tables with ``storage.schema``);
   ``run`` (launch, driver, Ray: the store); ``refine`` (on top of ``run``);
+- ``phasesweep._gallery`` (the seeds' results) launches, analyzes and reads sweeps, never
+  the API that calls it nor the CLI;
 - ``phasesweep._api`` may use everything; the CLI (``phasesweep._cli``) only the API,
   the shared config and its own output formats: every command is one call of the API.
 """
@@ -83,6 +85,16 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         *_LEAVES,
     ),
     "phasesweep._version": (),
+    # the seeds' gallery sits beside the API: it launches sweeps (pipeline.run), analyzes
+    # and draws them (analysis) and reads the store; only the API imports it
+    "phasesweep._gallery": (
+        "phasesweep._gallery",
+        "phasesweep.pipeline.grid",
+        "phasesweep.pipeline.run",
+        "phasesweep.analysis",
+        "phasesweep.storage",
+        *_LEAVES,
+    ),
 }
 #: ... and those it must not import (checked after ``ALLOWED``).
 FORBIDDEN: dict[str, tuple[str, ...]] = {"phasesweep.pipeline": ("phasesweep.analysis",)}
@@ -210,6 +222,8 @@ def test_every_module_keeps_to_its_layer():
         ),
         ("phasesweep._cli", "from phasesweep.storage import verify", "storage"),
         ("phasesweep._cli._run", "from phasesweep.pipeline.run import _launch", "pipeline.run"),
+        ("phasesweep._gallery._gallery", "from phasesweep import _api", "_api"),
+        ("phasesweep._gallery.lazy_training", "from phasesweep._cli import main", "_cli"),
     ],
 )
 def test_a_forbidden_import_is_found(module, source, target):

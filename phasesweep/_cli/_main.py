@@ -30,6 +30,7 @@ from phasesweep._cli._base import (
     damage_line,
     paragraph,
 )
+from phasesweep._cli._gallery import Gallery
 from phasesweep._cli._maintenance import Compact, Verify
 from phasesweep._cli._query import Query
 from phasesweep._cli._refine import Refine
@@ -45,6 +46,7 @@ COMMANDS: tuple[type[Command], ...] = (
     Analyze,
     Plot,
     Report,
+    Gallery,
     Refine,
     Verify,
     Compact,

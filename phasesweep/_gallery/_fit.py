@@ -1,0 +1,89 @@
+"""The fits a gallery result states with a 95 % interval, and its pass criterion.
+
+A result's numbers are a handful of points per seed (a metric against a grid axis); the
+claim is a slope (a power law's exponent on log-log axes, or a ratio) with the paper's
+value. :func:`slope_interval` pools every seed's points in one least-squares line and
+gives the Student-t interval of its slope (n − 2 degrees of freedom): the seeds' spread
+widens it, as it should. :class:`Check` compares the interval with the paper's value
+up to a stated tolerance: the systematic error the finite sizes of the sweep leave (each
+result says where its tolerance comes from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+#: The confidence of every interval the gallery states.
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted slope (or ratio) with its ``CONFIDENCE`` interval; ``n``: points used."""
+
+    estimate: float
+    low: float
+    high: float
+    intercept: float
+    n: int
+
+
+def slope_interval(x: np.ndarray, y: np.ndarray) -> Fit:
+    """Least-squares line ``y = intercept + slope x`` over all points (shape (n,), n ≥ 3,
+    at least two distinct x) and the Student-t interval of the slope.
+
+    Raises ValueError with fewer than 3 finite points or a single x value: no interval
+    can be stated then.
+    """
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise ValueError(f"a slope with an interval needs ≥ 3 points at ≥ 2 x values, got {len(x)}")
+    res = stats.linregress(x, y)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 2) * res.stderr)
+    return Fit(float(res.slope), res.slope - half, res.slope + half, float(res.intercept), len(x))
+
+
+def loglog_fit(x: np.ndarray, y: np.ndarray) -> Fit:
+    """:func:`slope_interval` of ``log y`` against ``log x`` (the exponent of a power law);
+    non-positive values are left out (a log cannot hold them)."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    ok = (x > 0) & (y > 0)
+    return slope_interval(np.log(x[ok]), np.log(y[ok]))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One claim of a result against the store: the fitted ``fit`` and the paper's value
+    ``theory``; it passes when the interval comes within ``tolerance`` of ``theory``
+    (``bound='upper'``: when the interval's low end is at most ``theory + tolerance``, for
+    claims that are bounds, not equalities)."""
+
+    label: str
+    fit: Fit
+    theory: float
+    tolerance: float
+    why_tolerance: str
+    bound: str = "equal"
+
+    @property
+    def passed(self) -> bool:
+        if self.bound == "upper":
+            return self.fit.low <= self.theory + self.tolerance
+        return self.fit.low <= self.theory + self.tolerance and (
+            self.fit.high >= self.theory - self.tolerance
+        )
+
+    def line(self) -> str:
+        """One line: ``label: 1.98 [1.95, 2.01] vs 2 ± 0.05 (why): pass``."""
+        f = self.fit
+        relation = "≤" if self.bound == "upper" else "vs"
+        return (
+            f"{self.label}: {f.estimate:.3g} [{f.low:.3g}, {f.high:.3g}] {relation} "
+            f"{self.theory:g} ± {self.tolerance:g} ({self.why_tolerance}): "
+            f"{'pass' if self.passed else 'FAIL'}"
+        )

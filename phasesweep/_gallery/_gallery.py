@@ -1,0 +1,164 @@
+"""The gallery's use case: run the sweep a result needs (skipping what the store holds),
+analyze it, read its numbers with the result's SQL, check them and draw the figure.
+
+``phasesweep gallery`` and :func:`phasesweep._gallery` are thin layers over
+:func:`reproduce`, :func:`evaluate` and :func:`listing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from phasesweep._config import SpecError
+from phasesweep._gallery import escape_time, lazy_training
+from phasesweep._gallery._result import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from phasesweep.storage import Store
+
+    from phasesweep._gallery._fit import Check
+
+#: Every result, by name, in the order ``--list`` shows them (cheapest first).
+RESULTS: dict[str, Result] = {r.name: r for r in (lazy_training.RESULT, escape_time.RESULT)}
+
+
+def select(names: Sequence[str]) -> list[Result]:
+    """The results named (all of them for none), in the order given; an unknown name is a
+    :class:`SpecError` naming it and the known ones."""
+    for name in names:
+        if name not in RESULTS:
+            raise SpecError(
+                "NAME",
+                name,
+                f"no such gallery result; known: {', '.join(RESULTS)}",
+                what="argument",
+            )
+    return [RESULTS[n] for n in names] if names else list(RESULTS.values())
+
+
+def points(result: Result, full: bool = False) -> int:
+    """Grid points of the result's sweep at that size."""
+    from phasesweep.pipeline.grid import grid_size
+    from phasesweep.pipeline.run._launch import resolve_spec
+
+    spec, _ = resolve_spec(result.spec_path, result.overrides(full))
+    return grid_size(spec)
+
+
+def listing(result: Result, full: bool = False) -> str:
+    """The result's line of ``--list``: its name, the paper, what it reproduces, its size
+    and its time on 2 CPU cores."""
+    return (
+        f"{result.name}  seed {result.seed}: {result.paper}; {result.reproduces}; "
+        f"{points(result, full)} runs of sweeps/{result.sweep}.yaml, "
+        f"~{result.size(full).minutes:g} min on 2 CPU cores"
+    )
+
+
+@dataclass
+class Evaluation:
+    """A result checked against a sweep of the store: the rows its SQL read, its checks."""
+
+    result: Result
+    sweep: str
+    frame: pd.DataFrame
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def caption(self) -> str:
+        return self.result.caption(self.checks)
+
+
+def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluation:
+    """Read ``result``'s numbers from ``sweep`` (default: its default-size sweep) with its
+    SQL and check them. Nothing is written."""
+    from phasesweep.storage import open_catalog
+
+    sweep = sweep or result.sweep_name()
+    con = open_catalog(store)
+    try:
+        frame = con.execute(result.query(sweep)).df()
+    finally:
+        con.close()
+    if frame.empty:
+        raise SpecError(
+            "NAME",
+            result.name,
+            f"the store holds no completed runs of sweep {sweep}",
+            what="argument",
+        )
+    return Evaluation(result, sweep, frame, result.measure(frame))
+
+
+def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
+    """Write the evaluation's figure (``NAME.png``, ``NAME.svg``, caption included) and its
+    SQL (``NAME.sql``) into ``out``; their paths."""
+    from phasesweep.analysis._output import prepare_dir, write_file
+    from phasesweep.analysis._style import save, theme
+
+    from phasesweep._gallery._figure import with_caption
+
+    result = evaluation.result
+    with theme():
+        fig = result.draw(evaluation.frame, evaluation.checks)
+        fig.suptitle(f"{result.name}: {result.reproduces}", fontsize=10)
+        with_caption(fig, evaluation.caption)
+        paths = save(fig, out, result.name)
+    sql = f"-- {result.name}: the numbers of the figure (sweep {evaluation.sweep})\n"
+    paths.append(
+        write_file(
+            prepare_dir(out),
+            f"{result.name}.sql",
+            (sql + result.query(evaluation.sweep) + ";\n").encode(),
+        )
+    )
+    return paths
+
+
+def reproduce(
+    result: Result,
+    store: Store,
+    out: Path | str,
+    *,
+    full: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+) -> tuple[Evaluation, list[Path]]:
+    """Train what the store lacks of the result's sweep, analyze it, check and draw it."""
+    from phasesweep.pipeline.run._launch import execute, plan_sweep
+
+    from phasesweep import analysis
+
+    planned = plan_sweep(result.spec_path, store, overrides=result.overrides(full), address=address)
+    execute(planned, address=address, progress=progress)
+    analysis.analyze(store, planned.spec.name)
+    evaluation = evaluate(result, store, planned.spec.name)
+    return evaluation, draw(evaluation, out)
+
+
+def reproduce_all(
+    names: Sequence[str],
+    store: Store,
+    out: Path | str | None,
+    *,
+    full: bool = False,
+    address: str | None = None,
+    progress: bool = True,
+) -> list[tuple[Evaluation, list[Path]]]:
+    """:func:`reproduce` of each result named (all for none; checked before any training),
+    into ``out`` (default: ``STORE/figures/gallery``)."""
+    from phasesweep.analysis._plotting import default_out_dir
+
+    results = select(names)
+    folder = Path(out) if out is not None else default_out_dir(store, "gallery")
+    return [
+        reproduce(r, store, folder, full=full, address=address, progress=progress) for r in results
+    ]

@@ -1,0 +1,117 @@
+"""The seeds' gallery (issue 34): its fits against closed forms, its registry and command,
+and, marked slow, each result's pass criterion on a sweep trained in-process (no Ray) at a
+size that keeps all of them together under 3 minutes on 2 cores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from phasesweep.storage import Store
+from scipy import stats
+from sweep_runner import store_sweep
+
+from phasesweep._config import SpecError
+from phasesweep._gallery import RESULTS, Check, Fit, evaluate, listing, select
+from phasesweep._gallery._fit import loglog_fit, slope_interval
+
+
+def test_slope_interval_is_the_ols_slope_with_its_student_t_interval():
+    rng = np.random.default_rng(0)
+    x = np.linspace(0, 3, 12)
+    y = 1.5 - 0.7 * x + 0.1 * rng.standard_normal(12)
+    fit = slope_interval(x, y)
+    # closed forms: slope Sxy/Sxx, its standard error sqrt(RSS/(n-2)/Sxx)
+    dx, dy = x - x.mean(), y - y.mean()
+    slope = (dx @ dy) / (dx @ dx)
+    rss = np.sum((dy - slope * dx) ** 2)
+    half = stats.t.ppf(0.975, 10) * np.sqrt(rss / 10 / (dx @ dx))
+    assert fit.estimate == pytest.approx(slope, rel=1e-12)
+    assert (fit.low, fit.high) == pytest.approx((slope - half, slope + half), rel=1e-10)
+    assert fit.intercept == pytest.approx(y.mean() - slope * x.mean(), rel=1e-12)
+
+
+def test_loglog_fit_recovers_an_exact_power_law_and_drops_non_positive_values():
+    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 0.0])
+    y = np.where(x > 0, 3.0 * np.maximum(x, 1.0) ** -0.5, 1.0)
+    fit = loglog_fit(x, y)
+    assert fit.n == 5
+    assert fit.estimate == pytest.approx(-0.5, abs=1e-12)
+    assert fit.high - fit.low < 1e-9
+
+
+def test_a_slope_needs_three_points_at_two_x_values():
+    with pytest.raises(ValueError, match="≥ 3 points"):
+        slope_interval([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    "low, high, bound, passed",
+    [
+        (-2.2, -2.15, "equal", False),  # misses -2 ± 0.1
+        (-2.12, -2.05, "equal", True),  # within the tolerance
+        (-1.5, -1.2, "equal", False),
+        (-0.8, -0.3, "upper", True),  # a bound: only the low end counts
+        (-0.4, -0.3, "upper", False),
+    ],
+)
+def test_a_check_passes_when_its_interval_reaches_the_tolerance_band(low, high, bound, passed):
+    theory = -0.5 if bound == "upper" else -2.0
+    check = Check(
+        "x",
+        Fit((low + high) / 2, low, high, 0.0, 5),
+        theory,
+        0.1 if bound == "equal" else 0.0,
+        "why",
+        bound,
+    )
+    assert check.passed is passed
+    assert check.line().endswith("pass" if passed else "FAIL")
+
+
+def test_every_result_is_listed_once_by_its_name_with_paper_size_and_time():
+    lines = [listing(r) for r in RESULTS.values()]
+    assert [line.split()[0] for line in lines] == list(RESULTS)
+    for line, result in zip(lines, RESULTS.values()):
+        assert f"seed {result.seed}" in line and "min on 2 CPU cores" in line
+        assert result.spec_path.is_file()
+
+
+def test_an_unknown_result_is_named_with_the_known_ones():
+    with pytest.raises(SpecError, match="NAME = 'nosuch'.*lazy_training"):
+        select(["nosuch"])
+
+
+def test_the_gallery_command_lists_shows_sql_and_refuses_unknown_names(capsys, tmp_path):
+    from phasesweep._cli import main
+
+    assert main(["gallery", "--list"]) == 0
+    assert capsys.readouterr().out.startswith("lazy_training ")
+    assert main(["gallery", "lazy_training", "--show-sql"]) == 0
+    assert "FROM trajectories WHERE sweep = 'gallery_lazy_training'" in capsys.readouterr().out
+    assert main(["gallery", "nosuch", "--store", str(tmp_path / "s")]) == 2
+    assert not (tmp_path / "s").exists()
+
+
+def _reproduced(tmp_path, name: str, overrides: list[str]):
+    result = RESULTS[name]
+    store = Store.open(str(tmp_path / "store"))
+    spec = store_sweep(result.spec_path, [*result.overrides(), *overrides], store)
+    return evaluate(result, store, spec.name)
+
+
+@pytest.mark.slow
+def test_lazy_training_exponents(tmp_path):
+    evaluation = _reproduced(tmp_path, "lazy_training", ["grid.init_scale={logspace: [-1, 1, 5]}"])
+    assert len(evaluation.checks) == 3
+    assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_escape_time_exponents_by_depth(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "escape_time",
+        ["grid.depth=[2, 3, 4]", "grid.init_scale={logspace: [-4, -1, 4]}", "grid.seed=[0, 1]"],
+    )
+    assert len(evaluation.checks) == 3
+    assert evaluation.passed, evaluation.caption
