@@ -97,13 +97,19 @@ def _scaled(
     each (E, fan_out, fan_in) (``balanced_full``: the frames, (E, n_l, r)).
     ``per_model(f)``: f of each member's model config, (E, 1, 1) float64; ``norms``: each
     layer's ‖draw‖_F per member (E, 1, 1), for ``frobenius``. The same float64 products,
-    factor by factor, as one member's own weights (``balanced_full``: one batched matmul)."""
+    factor by factor, as one member's own weights (``balanced_full``: a matmul per member)."""
     g = per_model(lambda m: m.init_scale)
     if cfg.init in ("balanced", "balanced_rank_one", "file"):
         return [w * g for w in draws]
     if cfg.init == "balanced_full":
         sigma = per_model(lambda m: m.init_scale / math.sqrt(min(net.dims)))
-        return [(draws[l] * sigma) @ draws[l - 1].mT for l in range(1, len(draws))]
+        # one matmul per member on U_{l−1}ᵀ laid out row-major as the frame's transpose is
+        # (QR's frames are column-major): a batched matmul, or another layout, may sum in
+        # another order than the member alone, and the init is the member's in any chunk
+        return [
+            torch.stack([a @ bt for a, bt in zip(draws[l] * sigma, draws[l - 1].mT.contiguous())])
+            for l in range(1, len(draws))
+        ]
     if cfg.init_norm == "fan_in":
         return [
             w * per_model(lambda m, l=l: m.init_scale * net.base_std(l))
