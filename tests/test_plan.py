@@ -329,3 +329,110 @@ def test_a_layout_is_told_by_its_chunk_ids():
         {t.chunk_id[:LAYOUT_LEN] for t in tasks}
     )
     assert {t.chunk_id[:8] for t in other} == {t.chunk_id[:8] for t in tasks}
+
+
+#: A grid over several member axes of three sections (a repeat among them, scaled learning
+#: rates) and a split axis.
+COLUMN_GRID = {
+    "spec": {
+        "name": "columns",
+        "model": {"depth": 3, "width": 4, "activation": "leaky_relu"},
+        "data": {"kind": "subspace", "n_train": 8, "n_test": 8, "input_dim": 4},
+        "train": {
+            "steps": 3,
+            "lr_scaling": {"init_scale_power": -1.5, "init_scale_depth_power": 0.5},
+        },
+    },
+    "grid": {
+        "init_scale": [0.1, 3.0, 0.1],
+        "width": [4, 6],
+        "lr": [0.05, 0.2],
+        "noise_sigma": [0.0, 0.5],
+        "seed": [2, 0],
+        "leaky_slope": [0.01, 0.3],
+    },
+}
+
+
+def test_column_wise_members_are_the_per_point_expansion():
+    """:meth:`Grid.group_columns` gives, for any range of any group, the points of the
+    per-point :meth:`Grid.group_members` (repeats left out): run ids, configs, coords, and
+    learning rates equal to :func:`member_lr` of each config, bit for bit; a task's stored
+    bits leave those members out."""
+    from phasesweep.pipeline.grid import member_lr
+
+    spec = validate_spec({**COLUMN_GRID["spec"], "grid": COLUMN_GRID["grid"]})
+    g = Grid(spec)
+    for group in g.groups():
+        for start, stop in [(0, g.members), (5, 29), (7, 8), (3, 3)]:
+            offsets, members = g.group_columns(group, start, stop)
+            naive = [(o, p) for o, p in g.group_members(group, start, stop) if p is not None]
+            assert offsets.tolist() == [o for o, _ in naive]
+            assert members.points() == tuple(p for _, p in naive)
+            assert members.learning_rates().tolist() == [member_lr(p.config) for _, p in naive]
+            assert members.config_jsons().to_pylist() == [
+                p.config.model_dump_json() for _, p in naive
+            ]
+    group = next(iter(g.groups()))
+    stored = bytes([0b10100101, 0b1])
+    task = ChunkTask("t" * 24, group, 2, 14, 3, stored)
+    kept = [p for o, p in g.group_members(group, 2, 14) if p is not None and not task.is_stored(o)]
+    assert expand_task(g, task).points == tuple(kept)
+
+
+def test_column_wise_expansion_refuses_a_bad_learning_rate_naming_its_point(monkeypatch):
+    """A member whose scaled learning rate overflows is refused as the per-point
+    expansion refuses it, naming its point (with the grid's own check at its corners off)."""
+    monkeypatch.setattr(Grid, "_check_lr_corners", lambda self: None)
+    spec = validate_spec(
+        {
+            "name": "bad",
+            "train": {"lr_scaling": {"init_scale_power": -400.0}},
+            "grid": {"init_scale": [1.0, 1e-3], "seed": [0, 1]},
+        }
+    )
+    g = Grid(spec)
+    with pytest.raises(SpecError, match="scaled learning rate") as per_point:
+        list(g.group_members((), 0, g.members))
+    with pytest.raises(SpecError, match="scaled learning rate") as columns:
+        g.group_columns((), 0, g.members)
+    assert str(columns.value) == str(per_point.value)
+
+
+def test_run_ids_of_a_small_grid_are_those_main_gave_at_c68494a():
+    """Run ids are the store's keys: the ids of this grid, per point and as the plan's
+    chunks expand them column-wise, are the ones the per-point code of main c68494a gave
+    (pinned: the sha256 of all 64 in grid order, and the first six)."""
+    import hashlib
+
+    spec = validate_spec(
+        {
+            "name": "pinned",
+            "model": {"depth": 2, "width": 8, "activation": "leaky_relu"},
+            "data": {"kind": "subspace", "n_train": 16, "n_test": 16, "input_dim": 4},
+            "train": {"steps": 4, "lr": 0.1, "log_points": 3},
+            "grid": {
+                "init_scale": [0.1, 1.0],
+                "width": [4, 8],
+                "lr": [0.05, 0.1],
+                "noise_sigma": [0.0, 0.5],
+                "seed": [3, 1],
+                "leaky_slope": [0.01, 0.2],
+            },
+        }
+    )
+    ids = [p.run_id for p in expand(spec)]
+    assert ids[:6] == [
+        "26df5ba1b7d4668b",
+        "c59428c1558543e5",
+        "9ca8f1623c4d31dd",
+        "2b833868c8be3881",
+        "11bb4020e35851ec",
+        "8ef7dac408151509",
+    ]
+    assert hashlib.sha256(",".join(ids).encode()).hexdigest() == (
+        "42228bb7f473a1b6ec2a0a0c3bb47d8a95c824b1cc379b295f7932f16226c515"
+    )
+    g = Grid(spec)
+    planned = [r for t in plan_chunks(g) for r in expand_task(g, t).members.run_ids]
+    assert sorted(planned) == sorted(ids)

@@ -254,3 +254,76 @@ def test_group_and_line_columns_are_typed_like_runs():
     ):
         for c in columns:
             assert table.field(c).type == schema.RUNS.field(c).type, c
+
+
+def test_chunk_tables_built_column_wise_equal_the_per_point_rows():
+    """A chunk's tables, built from its member columns, hold row by row what each point's
+    own config says (the per-point assembly they replace): the ``runs`` columns of the
+    config and its JSON, the scaled learning rate, the initial norms; ``trajectories`` and
+    ``layers`` keyed by each member's run id at its logged steps. The constructor's seconds
+    are in the timing (``setup_s``) and in the wall columns."""
+    from phasesweep.pipeline.train._trainer import ChunkTrainer
+
+    spec = validate_spec(
+        {
+            "name": "columns",
+            "model": {"depth": 3, "width": 5, "activation": "leaky_relu"},
+            "data": {"kind": "subspace", "n_train": 8, "n_test": 8, "input_dim": 4},
+            "train": {"steps": 6, "log_points": 3, "lr_scaling": {"init_scale_power": -1.0}},
+            "metrics": {"probe_size": 4},
+            "grid": {
+                "init_scale": [0.3, 2.0],
+                "lr": [0.05, 0.2],
+                "noise_sigma": [0.0, 0.5],
+                "seed": [2, 0],
+                "leaky_slope": [0.01, 0.3],
+            },
+        }
+    )
+    (chunk,) = make_chunks(expand(spec), spec)
+    trainer = ChunkTrainer(chunk)
+    tables = trainer.run()
+    runs = tables["runs"].to_pylist()
+    assert [r["run_id"] for r in runs] == [p.run_id for p in chunk.points]
+    for r, p, w0 in zip(runs, chunk.points, zip(*(w.numpy() for w in trainer.params0.weights))):
+        c = p.config
+        expected = {
+            "init_scale": c.model.init_scale,
+            "width": c.model.width,
+            "depth": c.model.depth,
+            "noise_sigma": c.data.noise_sigma,
+            "lr": c.train.lr,
+            "lr_effective": member_lr(c),
+            "seed": c.train.seed,
+            "activation": c.model.activation,
+            "bias": c.model.bias,
+            "parameterization": c.model.parameterization,
+            "data_kind": c.data.kind,
+            "steps": c.train.steps,
+            "config": c.model_dump_json(),
+            "n_train": c.data.n_train,
+            "leaky_slope": c.model.leaky_slope,
+            "optimizer": c.train.optimizer,
+            "chunk_id": chunk.chunk_id,
+            "chunk_size": len(chunk.points),
+            "device": "cpu",
+            "input_dim": 4,
+        }
+        assert {k: r[k] for k in expected} == expected
+        naive_norms = [math.sqrt(sum(float(x) ** 2 for x in w.ravel())) for w in w0]
+        assert r["init_fro_norms"] == pytest.approx(naive_norms, rel=1e-13)
+    logged = log_steps(6, 3).tolist()
+    traj = tables["trajectories"].select(["run_id", "step"]).to_pylist()
+    assert traj == [{"run_id": p.run_id, "step": k} for p in chunk.points for k in logged]
+    layers = tables["layers"].select(["run_id", "step", "layer"]).to_pylist()
+    assert layers == [
+        {"run_id": p.run_id, "step": k, "layer": l}
+        for p in chunk.points
+        for k in logged
+        for l in (1, 2, 3)
+    ]
+    timing = trainer.timing
+    assert timing["setup_s"] == trainer.setup_s > 0
+    wall = runs[0]["chunk_wall_seconds"]
+    assert wall >= timing["setup_s"] + timing["train_s"] + timing["metrics_s"]
+    assert sum(timing.values()) >= wall - 1e-9  # the tables come after the wall's end

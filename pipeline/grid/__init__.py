@@ -5,8 +5,9 @@ Private: the modules here are re-exported where they are public. The names below
 what the other rooms of the pipeline (train, run, refine) use; a module here imports its
 neighbours directly, never this package.
 
-- :mod:`._grid`: :class:`Point`, :class:`Grid` (any point by its indices),
+- :mod:`._grid`: :class:`Grid` (any point by its indices, a chunk's members column-wise),
   :func:`iter_points`, :func:`expand`, :func:`grid_size`;
+- :mod:`._members`: :class:`Point`, :class:`Members` (a chunk's members column-wise);
 - :mod:`._section_options`: the validated configs of one section over its axes;
 - :mod:`._run_ids`: :func:`run_id_of`;
 - :mod:`._groups`: groups of points that may share a chunk (:data:`MEMBER_FIELDS`,
@@ -26,7 +27,7 @@ from phasesweep.pipeline.grid._cost import (
     member_bytes,
     step_flops,
 )
-from phasesweep.pipeline.grid._grid import Grid, Point, expand, grid_size, iter_points
+from phasesweep.pipeline.grid._grid import Grid, expand, grid_size, iter_points
 from phasesweep.pipeline.grid._groups import (
     GROUP_TAG_LEN,
     LAYOUT_LEN,
@@ -37,12 +38,14 @@ from phasesweep.pipeline.grid._groups import (
 )
 from phasesweep.pipeline.grid._horizon import check_at_time
 from phasesweep.pipeline.grid._lr import member_lr
+from phasesweep.pipeline.grid._members import Members, Point
 from phasesweep.pipeline.grid._run_ids import run_id_of
 
 __all__ = [
     "GROUP_TAG_LEN",
     "LAYOUT_LEN",
     "MEMBER_FIELDS",
+    "Members",
     "Chunk",
     "Grid",
     "Point",

@@ -6,21 +6,43 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from phasesweep.pipeline.grid._cost import chunk_members
-from phasesweep.pipeline.grid._grid import Point
 from phasesweep.pipeline.grid._groups import PART_TAG_LEN, group_tag, shape_key
+from phasesweep.pipeline.grid._members import Members, Point
 from phasesweep.pipeline.spec import SweepSpec
 
 
-@dataclass(frozen=True)
 class Chunk:
-    """Points trained together as one ensemble. ``chunk_id`` hashes the member run ids."""
+    """Points trained together as one ensemble: ``chunk_id`` and its members, given as
+    :class:`~pipeline.grid._members.Members` (column-wise, what the trainer reads) or as
+    a sequence of points; either form is made from the other when first asked for."""
 
-    chunk_id: str
-    points: tuple[Point, ...]
+    def __init__(self, chunk_id: str, points: Sequence[Point] | Members) -> None:
+        self.chunk_id = chunk_id
+        self._members = points if isinstance(points, Members) else None
+        self._points = None if isinstance(points, Members) else tuple(points)
+
+    @property
+    def members(self) -> Members:
+        """The members column-wise."""
+        if self._members is None:
+            self._members = Members.from_points(self.points)
+        return self._members
+
+    @property
+    def points(self) -> tuple[Point, ...]:
+        """One :class:`~pipeline.grid._members.Point` per member, in member order."""
+        if self._points is None:
+            self._points = self.members.points()
+        return self._points
+
+    def __len__(self) -> int:
+        return len(self._points) if self._points is not None else len(self.members)
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.chunk_id!r}, {len(self)} members)"
 
 
 def chunk_bounds(members: int, parts: int) -> list[int]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Container, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from phasesweep.pipeline._axes import axis_path, axis_size, axis_values
 from phasesweep.pipeline.grid._groups import MEMBER_FIELDS
 from phasesweep.pipeline.grid._lr import LR_PATHS, check_lr
-from phasesweep.pipeline.grid._run_ids import SECTIONS, run_id_from_json
+from phasesweep.pipeline.grid._members import Members, Point, object_array
+from phasesweep.pipeline.grid._run_ids import SECTIONS, run_id_from_json, run_ids_from_json
 from phasesweep.pipeline.grid._section_options import (
     Axis,
     SectionOptions,
@@ -31,15 +31,6 @@ from phasesweep.pipeline.spec import RunConfig, SpecError, SweepSpec
 from pydantic import BaseModel
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Point:
-    """One grid point: its id, resolved config, and its coordinates on the grid axes."""
-
-    run_id: str
-    config: RunConfig
-    coords: dict[str, Any]
 
 
 def _grid(spec: SweepSpec, bounded: bool) -> tuple[list[Axis], dict[str, list[int]]]:
@@ -212,6 +203,51 @@ class Grid:
                 if digits[k] < self.member_sizes[k]:
                     break
                 digits[k] = 0
+
+    def group_columns(
+        self, group: Sequence[int], start: int, stop: int
+    ) -> tuple[np.ndarray, Members]:
+        """The group's members ``[start, stop)`` column-wise: (their offsets from ``start``,
+        repeats left out; their :class:`~pipeline.grid._members.Members`), the same points
+        as :meth:`group_members` with no Python object per member but its run id. Each
+        section's distinct combinations are looked up once; a scaled learning rate
+        (:func:`member_lr`) that is not a finite number > 0 is a :class:`SpecError`
+        naming the first such point."""
+        offsets = np.arange(max(stop - start, 0), dtype=np.int64)
+        idx: list[np.ndarray | int] = [0] * len(self.axes)
+        for pos, i in zip(self.split, group):
+            idx[pos] = i
+        if self.member:
+            for pos, d in zip(self.member, np.unravel_index(offsets + start, self.member_sizes)):
+                idx[pos] = d
+        keep = np.ones(len(offsets), dtype=bool)
+        models, jsons, index = {}, {}, {}
+        for s, opt, pos in self._sections:
+            flat: np.ndarray | int = 0
+            for p, size in zip(pos, opt.sizes):
+                flat = flat * size + idx[p]
+            combos, inverse = np.unique(np.broadcast_to(flat, keep.shape), return_inverse=True)
+            chosen = [opt.get(tuple(map(int, np.unravel_index(c, opt.sizes)))) for c in combos]
+            models[s] = [m for m, _, _ in chosen]
+            jsons[s] = [t for _, t, _ in chosen]
+            index[s] = inverse.reshape(-1)
+            keep &= np.array([first for _, _, first in chosen], dtype=bool)[index[s]]
+        kept = np.flatnonzero(keep)
+        index = {s: i[kept] for s, i in index.items()}
+        ids = run_ids_from_json(
+            self.sweep, [jsons[s] for s in SECTIONS], [index[s] for s in SECTIONS]
+        )
+        coords = {
+            a.name: object_array(a.values)[np.broadcast_to(i, keep.shape)[kept]]
+            for a, i in zip(self.axes, idx)
+        }
+        members = Members(ids, models, jsons, index, coords)
+        lrs = members.learning_rates()
+        bad = np.flatnonzero(~(np.isfinite(lrs) & (lrs > 0)))
+        if len(bad):
+            e = int(bad[0])
+            check_lr(members.config(e), {k: v[e] for k, v in coords.items()})
+        return offsets[kept], members
 
     def group_config(self, group: Sequence[int]) -> RunConfig:
         """The config of the group's first member (repeat or not): its shapes, steps and

@@ -6,25 +6,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from phasesweep.pipeline.spec import RunConfig, SpecError
+from phasesweep.pipeline.spec import ModelConfig, RunConfig, SpecError, TrainConfig
 
 #: The fields :func:`member_lr` reads besides ``train.lr_scaling.*``.
 LR_PATHS = {"train.lr", "model.init_scale", "model.width", "model.depth"}
 
 
 def member_lr(config: RunConfig) -> float:
-    """Base learning rate after the spec's scaling rule (``train.lr_scaling``).
+    """Base learning rate after the spec's scaling rule (``train.lr_scaling``):
+    ``lr · scale · width`` of :func:`lr_factors`, multiplied in that order.
 
     Raises ``OverflowError`` where the power overflows a float (see :func:`iter_points`,
     which refuses such points before they are trained).
     """
-    s = config.train.lr_scaling
-    return (
-        config.train.lr
-        * max(config.model.init_scale, s.init_scale_floor)
-        ** (s.init_scale_power + s.init_scale_depth_power * (config.model.depth - 1))
-        * config.model.width**s.width_power
+    scale, width = lr_factors(config.model, config.train)
+    return config.train.lr * scale * width
+
+
+def lr_factors(model: ModelConfig, train: TrainConfig) -> tuple[float, float]:
+    """The two factors of the scaling rule: (max(g, floor)^(p + p_depth·(depth − 1)),
+    width^p_width). ``OverflowError`` where a power overflows."""
+    s = train.lr_scaling
+    scale = max(model.init_scale, s.init_scale_floor) ** (
+        s.init_scale_power + s.init_scale_depth_power * (model.depth - 1)
     )
+    return scale, model.width**s.width_power
 
 
 def check_lr(config: RunConfig, coords: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
 from phasesweep.pipeline.spec import RunConfig
 from pydantic import BaseModel
 
@@ -31,3 +32,17 @@ def run_id_from_json(sweep: str, section_jsons: Sequence[str]) -> str:
     :data:`SECTIONS` order): computed without the configs themselves."""
     payload = "\n".join([sweep, *section_jsons])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def run_ids_from_json(
+    sweep: str, section_jsons: Sequence[Sequence[str]], index: Sequence[np.ndarray]
+) -> list[str]:
+    """:func:`run_id_from_json` of many points: point e has section s's JSON
+    ``section_jsons[s][index[s][e]]`` (sections in :data:`SECTIONS` order, each (E,))."""
+    sha = hashlib.sha256
+    return [
+        sha("\n".join((sweep, *texts)).encode()).hexdigest()[:16]
+        for texts in zip(
+            *([jsons[i] for i in idx.tolist()] for jsons, idx in zip(section_jsons, index))
+        )
+    ]

@@ -121,13 +121,15 @@ def plan_chunks(
 
 def expand_task(grid: Grid, task: ChunkTask) -> Chunk:
     """The task's points: its members in grid order, less repeats and the members the
-    plan found stored. Raises :class:`SpecError` for a point the grid refuses."""
-    points = tuple(
-        p
-        for offset, p in grid.group_members(task.group, task.start, task.stop)
-        if p is not None and not task.is_stored(offset)
-    )
-    return Chunk(task.chunk_id, points)
+    plan found stored, column-wise (:meth:`~pipeline.grid._grid.Grid.group_columns`).
+    Raises :class:`SpecError` for a point the grid refuses."""
+    offsets, members = grid.group_columns(task.group, task.start, task.stop)
+    if task.stored:
+        bits = np.unpackbits(np.frombuffer(task.stored, dtype=np.uint8), bitorder="little")
+        stored = np.zeros(task.size, dtype=bool)
+        stored[: min(len(bits), task.size)] = bits[: task.size].astype(bool)
+        members = members.take(np.flatnonzero(~stored[offsets]))
+    return Chunk(task.chunk_id, members)
 
 
 def plan_stored(

@@ -1,8 +1,9 @@
 """Initialization schemes for ensembles.
 
 Each member is drawn from its own generator (seeded from its ``train.seed``), so
-its initial weights do not depend on the chunk it was packed into. The loop
-over members runs once per chunk, before training.
+its initial weights do not depend on the chunk it was packed into. A chunk draws once
+per seed and gathers and scales the draws per member on its device
+(:func:`init_ensemble`), before training.
 
 Schemes (``model.init``):
 
@@ -41,8 +42,9 @@ Biases start at zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from phasesweep.pipeline.data._datasets import orthogonal_matrix
 from phasesweep.pipeline.data._seeding import generator
@@ -84,28 +86,38 @@ def _draws(net: EnsembleMLP, cfg: ModelConfig, seed: int) -> list[torch.Tensor]:
     return weights
 
 
-def _member_weights(
-    net: EnsembleMLP, cfg: ModelConfig, draws: list[torch.Tensor]
+def _scaled(
+    net: EnsembleMLP,
+    cfg: ModelConfig,
+    draws: list[torch.Tensor],
+    per_model: Callable[[Callable[[ModelConfig], float]], torch.Tensor],
+    norms: list[torch.Tensor],
 ) -> list[torch.Tensor]:
-    """A member's initial weights from its :func:`_draws` (left unchanged)."""
-    g = cfg.init_scale
+    """The initial weights of members from their gathered :func:`_draws` (left unchanged),
+    each (E, fan_out, fan_in) (``balanced_full``: the frames, (E, n_l, r)).
+    ``per_model(f)``: f of each member's model config, (E, 1, 1) float64; ``norms``: each
+    layer's ‖draw‖_F per member (E, 1, 1), for ``frobenius``. The same float64 products,
+    factor by factor, as one member's own weights (``balanced_full``: a matmul per member)."""
+    g = per_model(lambda m: m.init_scale)
     if cfg.init in ("balanced", "balanced_rank_one", "file"):
-        weights = [g * w for w in draws]
-    elif cfg.init == "balanced_full":
-        sigma = g / math.sqrt(min(net.dims))
-        weights = [(draws[l] * sigma) @ draws[l - 1].T for l in range(1, len(draws))]
-    else:
-        weights = [w.clone() for w in draws]
-        for l, w in enumerate(weights, start=1):
-            if cfg.init_norm == "fan_in":
-                w *= g * net.base_std(l)
-            elif cfg.init_norm == "entry_std":
-                w *= g
-            else:
-                w *= g / w.norm()
-    if cfg.layer_scales is not None:
-        weights = [w * s for w, s in zip(weights, cfg.layer_scales)]
-    return weights
+        return [w * g for w in draws]
+    if cfg.init == "balanced_full":
+        sigma = per_model(lambda m: m.init_scale / math.sqrt(min(net.dims)))
+        # one matmul per member on U_{l−1}ᵀ laid out row-major as the frame's transpose is
+        # (QR's frames are column-major): a batched matmul, or another layout, may sum in
+        # another order than the member alone, and the init is the member's in any chunk
+        return [
+            torch.stack([a @ bt for a, bt in zip(draws[l] * sigma, draws[l - 1].mT.contiguous())])
+            for l in range(1, len(draws))
+        ]
+    if cfg.init_norm == "fan_in":
+        return [
+            w * per_model(lambda m, l=l: m.init_scale * net.base_std(l))
+            for l, w in enumerate(draws, start=1)
+        ]
+    if cfg.init_norm == "entry_std":
+        return [w * g for w in draws]
+    return [w * (n.reciprocal() * g) for w, n in zip(draws, norms)]  # torch's g / ‖w‖
 
 
 def init_params(
@@ -115,23 +127,61 @@ def init_params(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
 ) -> Params:
-    """Initial parameters of an ensemble: member e uses ``configs[e]`` and ``seeds[e]``.
+    """Initial parameters of an ensemble: member e uses ``configs[e]`` and ``seeds[e]``
+    (:func:`init_ensemble` of the distinct configs, told apart by identity)."""
+    slots: dict[int, int] = {}
+    distinct: list[ModelConfig] = []
+    for c in configs:
+        if slots.setdefault(id(c), len(distinct)) == len(distinct):
+            distinct.append(c)
+    index = np.array([slots[id(c)] for c in configs], dtype=np.int64)
+    return init_ensemble(net, distinct, index, np.asarray(seeds, dtype=np.int64), dtype, device)
 
-    Drawn in float64 on the CPU (identical on every device), then cast and moved; drawn
-    once per seed (members that differ in init scale or layer scales scale the same
-    draws, bit for bit as if each drew its own).
+
+def init_ensemble(
+    net: EnsembleMLP,
+    models: Sequence[ModelConfig],
+    model_index: np.ndarray,
+    seeds: np.ndarray,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+) -> Params:
+    """Initial parameters of an ensemble, column-wise: member e uses
+    ``models[model_index[e]]`` and ``seeds[e]`` (both (E,)).
+
+    One draw per distinct seed, in float64 on the CPU (identical on every device: the draw
+    of the seed's first member's config; the members of a chunk share every model field
+    but the member fields, and none of those changes what is drawn); the draws move to
+    ``device`` once, are gathered per member there and scaled by its init scale and layer
+    scales, bit for bit as if each member drew its own, then cast to ``dtype``.
     """
-    draws: dict[int, list[torch.Tensor]] = {}  # seed -> draws: the members of a chunk share
-    # every model field but the member fields, and no member field changes what is drawn
-    per_member = [
-        _member_weights(net, c, draws.get(s) or draws.setdefault(s, _draws(net, c, s)))
-        for c, s in zip(configs, seeds)
-    ]
-    weights = [
-        torch.stack([m[l] for m in per_member]).to(device=device, dtype=dtype)
-        for l in range(net.depth)
-    ]
+    unique, first, inverse = np.unique(seeds, return_index=True, return_inverse=True)
+    owners = [models[i] for i in model_index[first].tolist()]
+    per_seed = [_draws(net, c, int(s)) for c, s in zip(owners, unique.tolist())]
+    layers = len(per_seed[0]) if per_seed else net.depth
+    gather = torch.from_numpy(inverse.reshape(-1)).to(device)
+    on_device = lambda host: host.to(device).index_select(0, gather)  # noqa: E731 - per member
+    draws = [on_device(torch.stack([d[l] for d in per_seed])) for l in range(layers)]
+    by_model = torch.from_numpy(model_index).to(device)
+
+    def per_model(f: Callable[[ModelConfig], float]) -> torch.Tensor:
+        values = torch.tensor([f(m) for m in models], dtype=torch.float64)
+        return values.to(device).index_select(0, by_model).view(-1, 1, 1)
+
+    norms = []
+    if models[0].init_norm == "frobenius":  # each draw's own norm, as one member takes it
+        norms = [
+            on_device(torch.stack([d[l].norm() for d in per_seed])).view(-1, 1, 1)
+            for l in range(layers)
+        ]
+    weights = _scaled(net, models[0], draws, per_model, norms)
+    if any(m.layer_scales is not None for m in models):
+        weights = [
+            w * per_model(lambda m, l=l: 1.0 if m.layer_scales is None else m.layer_scales[l])
+            for l, w in enumerate(weights)
+        ]
+    weights = [w.to(dtype=dtype) for w in weights]
     biases = None
     if net.config.bias:
-        biases = [torch.zeros(len(configs), n, dtype=dtype, device=device) for n in net.dims[1:]]
+        biases = [torch.zeros(len(seeds), n, dtype=dtype, device=device) for n in net.dims[1:]]
     return Params(weights, biases)

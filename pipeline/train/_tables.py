@@ -119,15 +119,21 @@ def chunk_tables(
     (checkpointed runs included); ``depth``: weight matrices per net; ``init_weights``:
     θ(0)'s weights, each (E, fan_out, fan_in); ``device``: where it trained (named in
     ``runs``)."""
-    E = len(chunk.points)
+    members = chunk.members
+    E = len(members)
     n_log = len(log.steps)
     steps = np.asarray(log.steps, dtype=np.int64)
     alive = np.stack(log.alive, 1)  # (E, n_log)
-    run_ids = np.array([p.run_id for p in chunk.points], dtype=object)
+    run_ids = pa.array(members.run_ids, pa.string())
     rows = alive.reshape(-1)
+    # the run ids of the rows kept by ``mask`` (E · per_member,), gathered by Arrow: no
+    # Python string per row
+    of_member = lambda per_member, mask: run_ids.take(  # noqa: E731
+        np.repeat(np.arange(E), per_member)[mask]
+    )
 
-    traj_cols: dict[str, np.ndarray] = {
-        "run_id": np.repeat(run_ids, n_log)[rows],
+    traj_cols: dict[str, np.ndarray | pa.Array] = {
+        "run_id": of_member(n_log, rows),
         "step": np.tile(steps, E)[rows],
     }
     for name, values in log.traj.items():
@@ -135,8 +141,8 @@ def chunk_tables(
     trajectories = to_table("trajectories", traj_cols, int(rows.sum()))
 
     layer_rows = np.repeat(rows, depth)
-    layer_cols: dict[str, np.ndarray] = {
-        "run_id": np.repeat(run_ids, n_log * depth)[layer_rows],
+    layer_cols: dict[str, np.ndarray | pa.Array] = {
+        "run_id": of_member(n_log * depth, layer_rows),
         "step": np.tile(np.repeat(steps, depth), E)[layer_rows],
         "layer": np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log)[layer_rows],
     }
@@ -162,7 +168,7 @@ def _runs(
     init_weights: list[Tensor],
     device: torch.device,
 ) -> pa.Table:
-    E = len(chunk.points)
+    E = len(chunk.members)
     alive_end = final["alive"]
     last_train = np.stack(log.traj["train_loss"], 1)
     last_test = np.stack(log.traj["test_loss"], 1)
@@ -171,26 +177,27 @@ def _runs(
     # index of the last logged step each member was alive at
     last_idx = logged_alive.shape[1] - 1 - np.argmax(logged_alive[:, ::-1], axis=1)
     pick = lambda a: a[np.arange(E), last_idx]  # noqa: E731
-    init_fro = [
-        np.sqrt(np.square(w.detach().cpu().numpy().reshape(E, -1)).sum(1)) for w in init_weights
-    ]
+    # ‖W_l(0)‖_F per member, summed on the device: one (E, depth) copy to the host
+    init_fro = torch.stack(
+        [w.detach().reshape(E, -1).double().square().sum(1).sqrt() for w in init_weights], 1
+    )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     outcome = {
-        "status": np.where(alive_end, "completed", "diverged"),
+        "status": pa.array(np.where(alive_end, "completed", "diverged")),
         "final_train_loss": np.where(alive_end, pick(last_train), np.nan),
         "final_test_loss": np.where(alive_end, pick(last_test), np.nan),
         "wall_seconds": np.full(E, wall / E),
-        "device": [device_name] * E,
-        "finished_at": [datetime.now(timezone.utc)] * E,
-        "input_dim": [input_dim] * E,
+        "device": pa.repeat(pa.scalar(device_name), E),
+        "finished_at": pa.repeat(pa.scalar(datetime.now(timezone.utc)), E),
+        "input_dim": np.full(E, input_dim),
         "initial_train_loss": last_train[:, 0],
         "final_step": final["final_step"],
         "final_time": pick(last_time),
-        "init_fro_norms": [list(r) for r in np.stack(init_fro, 1)],
+        "init_fro_norms": init_fro.cpu().numpy(),
         "chunk_size": np.full(E, E),
         "chunk_wall_seconds": np.full(E, wall),
         "torch_threads": np.full(E, torch.get_num_threads()),
     }
     for j, name in enumerate(CROSSING_COLUMNS):
         outcome[name] = final["crossing"][:, j]
-    return runs_table(chunk.points, chunk.chunk_id, node_id, outcome)
+    return runs_table(chunk.members, chunk.chunk_id, node_id, outcome)

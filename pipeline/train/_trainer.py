@@ -36,13 +36,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import torch
-from phasesweep.pipeline.data._datasets import DataBatch, data_seed, make_datasets, stack
-from phasesweep.pipeline.grid import Chunk, member_lr
+from phasesweep.pipeline.data._datasets import (
+    DataBatch,
+    Dataset,
+    data_seed,
+    make_datasets,
+    stack,
+)
+from phasesweep.pipeline.grid import Chunk, Members
 from phasesweep.pipeline.train._capture import StepGraph, copy_batch, static_batch
 from phasesweep.pipeline.train._device import accelerated as is_accelerated
-from phasesweep.pipeline.train._init import init_params
+from phasesweep.pipeline.train._init import init_ensemble
 from phasesweep.pipeline.train._linear_step import LinearStep, linear_step_applies
 from phasesweep.pipeline.train._metric_blocks import BlockedRecorder, member_blocks
 from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params
@@ -106,8 +113,10 @@ class ChunkTrainer:
     """Trains one :class:`~pipeline.grid._chunks.Chunk` as a vectorized ensemble.
 
     ``device``: torch device for the whole chunk; ``node_id``: the Ray node training it
-    (stored in ``runs``; None outside Ray). Construction draws data and initial weights
-    (one loop over members, outside the training loop).
+    (stored in ``runs``; None outside Ray). Construction makes data once per seed, draws
+    initial weights once per seed and gathers them per member on the device, and reads the
+    members' fields column-wise (:class:`~pipeline.grid._members.Members`); its seconds
+    are :attr:`setup_s`, counted in :meth:`run`'s timing and wall columns.
 
     ``accelerated`` (default: whether ``device`` is not the CPU, see
     :func:`pipeline.train._device.accelerated`): take the accelerator's paths, the same
@@ -125,43 +134,48 @@ class ChunkTrainer:
         *,
         accelerated: bool | None = None,
     ) -> None:
+        started = time.perf_counter()
         self.chunk = chunk
         self.node_id = node_id
-        self.configs = [p.config for p in chunk.points]
-        base = self.configs[0]
+        members = chunk.members
+        self.members = members
+        base = members.first()
         self.base = base
         self.device = torch.device(device)
         self.accelerated = is_accelerated(self.device) if accelerated is None else accelerated
         self.dtype = getattr(torch, base.train.dtype)
         configure_tf32(self.device, base.train.allow_tf32)
-        E = len(self.configs)
+        E = len(members)
         self.E = E
-        self.batch: DataBatch = stack(
-            make_datasets([(c.data, data_seed(c.data, c.train.seed)) for c in self.configs]),
-            self.dtype,
-            self.device,
-        )
-        vec = lambda values: torch.tensor(values, dtype=self.dtype, device=self.device)  # noqa: E731
+        self.batch: DataBatch = stack(_datasets(members), self.dtype, self.device)
         # one slope for all: a float, known here without reading the device (and the
         # activations' in-place kernels take it)
-        slopes = [c.model.leaky_slope for c in self.configs]
+        slopes = members.column("model", "leaky_slope")
         self.net = EnsembleMLP(
             base.model,
             self.batch.input_dim,
             self.batch.output_dim,
-            leaky_slope=vec(slopes) if len(set(slopes)) > 1 else float(slopes[0]),
+            leaky_slope=self._vector(slopes) if len(set(slopes)) > 1 else float(slopes[0]),
         )
-        self.params0 = init_params(
+        self.params0 = init_ensemble(
             self.net,
-            [c.model for c in self.configs],
-            [c.train.seed for c in self.configs],
+            members.models["model"],  # type: ignore[arg-type]
+            members.index["model"],
+            members.column("train", "seed"),
             self.dtype,
             self.device,
         )
-        self.optimizer = OPTIMIZERS[base.train.optimizer](self.configs, self.device)
+        self.optimizer = OPTIMIZERS[base.train.optimizer](members.configs(), self.device)
         self.schedule = SCHEDULES[base.train.lr_schedule](
-            vec([member_lr(c) for c in self.configs]), base.train, self.net.depth
+            self._vector(members.learning_rates()), base.train, self.net.depth
         )
+        #: seconds the constructor took (data, initial weights, learning rates): counted
+        #: in :meth:`run`'s timing and wall columns
+        self.setup_s = time.perf_counter() - started
+
+    def _vector(self, values: np.ndarray) -> Tensor:
+        """A per-member value (E,) as a tensor of the chunk's dtype on its device."""
+        return torch.from_numpy(np.asarray(values, dtype=np.float64)).to(self.device, self.dtype)
 
     def make_step(self) -> EnsembleStep | LinearStep:
         """The step engine of this chunk: :class:`~pipeline.train._linear_step.LinearStep` for
@@ -190,7 +204,7 @@ class ChunkTrainer:
         Host synchronisation: none in a non-logged step; at a logged step one copy of its
         rows (and the batched spectra's convergence reads where they are computed).
         """
-        started = time.perf_counter()
+        started = time.perf_counter() - self.setup_s  # the constructor's seconds count
         t, b = self.base.train, self.batch
         steps = t.steps
         logged = set(log_steps(steps, t.log_points).tolist())
@@ -307,12 +321,14 @@ class ChunkTrainer:
             self.params0.weights,
             self.device,
         )
-        #: seconds spent in the step loop (training), in logged-step metrics, and the rest
-        #: (setup, tables); read by benchmarks/.
+        #: seconds spent in the step loop (training), in logged-step metrics, in the
+        #: constructor (data, initial weights: ``setup_s``), and the rest (the recorder's
+        #: set-up, the tables); read by benchmarks/.
         self.timing = {
             "train_s": loop_s - metrics_s,
             "metrics_s": metrics_s,
-            "other_s": time.perf_counter() - started - loop_s,
+            "setup_s": self.setup_s,
+            "other_s": time.perf_counter() - started - loop_s - self.setup_s,
         }
         return tables
 
@@ -365,6 +381,19 @@ class ChunkTrainer:
         dead = members.alive.logical_not()
         for p in params.tensors():
             p.masked_fill_(dead.view(-1, *([1] * (p.dim() - 1))), 0.0)
+
+
+def _datasets(members: Members) -> list[Dataset]:
+    """Each member's dataset, made once per distinct (data config, data seed): the data
+    seed (:func:`~pipeline.data._datasets.data_seed`) once per distinct (data config,
+    train seed)."""
+    data, seeds = members.index["data"], members.column("train", "seed").astype(np.int64)
+    pairs, inverse = np.unique(np.stack([data, seeds], 1), axis=0, return_inverse=True)
+    configs = [members.models["data"][d] for d in pairs[:, 0].tolist()]
+    made = make_datasets(
+        [(c, data_seed(c, s)) for c, s in zip(configs, pairs[:, 1].tolist())]  # type: ignore[arg-type]
+    )
+    return [made[i] for i in inverse.reshape(-1).tolist()]
 
 
 def train_chunk(
