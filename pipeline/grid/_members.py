@@ -14,15 +14,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from phasesweep.pipeline.grid._lr import lr_factors
 from phasesweep.pipeline.grid._run_ids import SECTIONS, section_json
 from phasesweep.pipeline.spec import RunConfig
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,11 @@ class Members:
 
     def config_jsons(self) -> pa.Array:
         """``config.model_dump_json()`` of every member (E,) as an Arrow string array,
-        joined from the sections' JSON without a Python string per member."""
+        joined from the sections' JSON without a Python string per member. (pyarrow is
+        imported here: the spec's modules load this package and no heavy library.)"""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         parts: list[pa.Array | str] = []
         for k, s in enumerate(SECTIONS):
             parts.append(("{" if k == 0 else ",") + f'"{s}":')
