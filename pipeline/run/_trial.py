@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from phasesweep.pipeline.grid import (
@@ -236,23 +237,27 @@ def train_and_store(
     if stop.is_set():
         summary["interrupted"] = True
         return summary
-    if not chunk.points:
+    if not len(chunk):
         return summary
-    group = group_tag(chunk.points[0].config)
+    members = chunk.members  # column-wise: no Python object per point on this path
+    group = group_tag(members.first())
     claims = Claims(store, sweep, group=group)
     lease, busy = claims.acquire(
-        [p.run_id for p in chunk.points], holder=f"launch {launch_id} chunk {chunk.chunk_id}"
+        members.run_ids, holder=f"launch {launch_id} chunk {chunk.chunk_id}"
     )
     try:
         with Renewer(lease):
             done = store.done_among(
                 sweep, lease.run_ids, stored_reads(group, chunk.chunk_id, planned_at)
             )
-            mine = [p for p in chunk.points if p.run_id in lease.run_ids and p.run_id not in done]
-            summary.update(busy=len(busy), skipped=len(chunk.points) - len(mine) - len(busy))
-            if not mine:
+            mine = np.array(
+                [i for i, r in enumerate(members.run_ids) if r in lease.run_ids and r not in done],
+                dtype=np.int64,
+            )
+            summary.update(busy=len(busy), skipped=len(members) - len(mine) - len(busy))
+            if not len(mine):
                 return summary
-            ids = [p.run_id for p in mine]
+            ids = [members.run_ids[i] for i in mine.tolist()]
             before = trial_hook("before_training")
             if before is not None:
                 before(ids)
@@ -263,7 +268,7 @@ def train_and_store(
             summary["resumed"] = 0 if resume is None else len(mine)
             try:
                 tables = train_chunk(
-                    Chunk(chunk.chunk_id, tuple(mine)),
+                    Chunk(chunk.chunk_id, members.take(mine)),
                     device,
                     hook=hook,
                     resume=resume,
