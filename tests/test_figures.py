@@ -232,6 +232,55 @@ def test_a_diverged_run_is_drawn_as_its_legend_says_or_counted_as_not_drawn():
     plt.close("all")
 
 
+def test_a_run_without_a_current_summary_is_drawn_as_not_analyzed(synthetic_store):
+    """Issue 32: a loss curve of a run that has no current summary (new points, a run trained
+    again) was drawn like an analyzed one, as if no plateau had been found on it. It is
+    dotted, without the plateaus of any older summary, and the legend says why."""
+    import pyarrow as pa
+    from calibration import synthetic_sweep
+    from matplotlib.patches import Rectangle
+    from phasesweep.analysis.figures.loss_curves import NOT_ANALYZED_STYLE, loss_curves_figure
+
+    traj = pd.DataFrame(
+        {
+            "run_id": ["a"] * 3 + ["b"] * 3,
+            "time": [0.0, 1.0, 2.0] * 2,
+            "train_loss": [1, 0.5, 0.1] * 2,
+        }
+    )
+    runs = pd.DataFrame(
+        {"run_id": ["a", "b"], "init_scale": [0.1, 1.0], "status": ["completed"] * 2,
+         "analyzed": [True, False]}
+    )  # fmt: skip
+    stale = pd.DataFrame(
+        {"run_id": ["a", "b"], "start": [1.0] * 2, "end": [2.0] * 2, "level": [0.5] * 2}
+    )
+    fig = loss_curves_figure(traj, runs, stale)
+    (a,) = fig.axes
+    assert sorted(ln.get_linestyle() for ln in a.lines) == sorted(["-", NOT_ANALYZED_STYLE])
+    assert len([p for p in a.patches if isinstance(p, Rectangle)]) == 1  # run a's plateau only
+    assert "not analyzed (no plateaus detected yet): phasesweep analyze" in _legend_texts(fig)
+    plt.close(fig)
+
+    # from the store: a chunk added after analyze, drawn from a catalog (nothing analyzes it)
+    store, _ = synthetic_store(
+        "late", {"init_scale": [0.01, 1.0], "width": [16], "depth": [2], "seed": [0]}
+    )
+    analyze(store, "late", workers=0)
+    added = synthetic_sweep(init_scales=(0.1,), widths=(16,), depths=(2,), seeds=(0,), steps=10**6)
+    for name, table in added.items():
+        ids = pa.array([f"new-{r}" for r in table["run_id"].to_pylist()])
+        added[name] = table.set_column(table.schema.get_field_index("run_id"), "run_id", ids)
+    store.write_chunk("late", "c1", added)
+    with open_catalog(store) as con:
+        fig = draw("loss_curves", con, "late", facet=None)
+    styles = [ln.get_linestyle() for a in fig.axes for ln in a.lines]
+    assert styles.count(NOT_ANALYZED_STYLE) == added["runs"].num_rows == 1
+    assert styles.count("-") == 2
+    assert "not analyzed (no plateaus detected yet): phasesweep analyze" in _legend_texts(fig)
+    plt.close(fig)
+
+
 def test_spread_on_log_axes_stays_positive():
     from phasesweep.analysis.figures.transversal import transversal_figure
 
