@@ -170,6 +170,59 @@ def test_phase_colours_are_log_where_values_span_decades():
     plt.close("all")
 
 
+def _grid_cells(nx: int, ny: int, value) -> pd.DataFrame:
+    """Cells of an nx x ny phase diagram, ``value(i, j)`` at column i, row j."""
+    rows = [
+        {"x": 10.0 ** (i - 3), "y": 16 * 2**j, "value": value(i, j), "value_sd": np.nan,
+         "n_runs": 2, "n_completed": 2, "n_diverged": 0, "n_failed": 0, "n_seeds": 2,
+         "n_analyzed": 2, "regime": "lazy" if value(i, j) < 0.1 else "rich"}
+        for i in range(nx) for j in range(ny)
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("nx", "ny", "value"),
+    [
+        (9, 4, lambda i, j: 0.01 * 3 ** ((i + j) / 2)),  # a diagonal line
+        (9, 3, lambda i, j: 0.01 * 2**i),  # a vertical line
+        (6, 6, lambda i, j: 0.01 * 3**j),  # a horizontal line
+        (12, 8, lambda i, j: 0.01 * 3 ** ((i + j) / 2)),  # small cells
+    ],
+)
+def test_the_threshold_label_covers_no_cell_text(nx, ny, value):
+    """Issue 32: the contour's label overlapped a cell's value. In the rendered figure the
+    label's box meets no other text's box, and it sits on the threshold line."""
+    from matplotlib.contour import ContourSet
+    from phasesweep.analysis.figures.phase_diagram import THRESHOLD_LABEL, phase_diagram_figure
+
+    fig = phase_diagram_figure(
+        _grid_cells(nx, ny, value), x="init_scale", y="width", value="kernel_distance",
+        threshold=0.1,
+    )  # fmt: skip
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (a,) = [a for a in fig.axes if a.get_label() != "<colorbar>"]
+    labels = [t for t in a.texts if t.get_gid() == THRESHOLD_LABEL]
+    others = [t for t in a.texts if t.get_gid() != THRESHOLD_LABEL and t.get_text().strip()]
+    assert len(labels) == 1 and labels[0].get_text() == "0.1" and len(others) == nx * ny
+    box = labels[0].get_bbox_patch().get_window_extent(renderer)
+    for t in others:
+        assert not box.overlaps(t.get_window_extent(renderer)), (t.get_text(), t.get_position())
+    # on the line: its distance to the nearest segment of the contour is round-off
+    (cs,) = [c for c in a.collections if isinstance(c, ContourSet)]
+    p = np.asarray(labels[0].get_position(), dtype=float)
+    distances = []
+    for path in cs.get_paths():
+        for poly in path.to_polygons(closed_only=False):
+            poly = np.asarray(poly, dtype=float)
+            for u, v in zip(poly[:-1], poly[1:]):
+                s = np.clip(np.dot(p - u, v - u) / max(np.dot(v - u, v - u), 1e-300), 0, 1)
+                distances.append(np.hypot(*(p - (u + s * (v - u)))))
+    assert min(distances) < 1e-9
+    plt.close(fig)
+
+
 def test_legends_list_only_what_is_drawn():
     from phasesweep.analysis.figures.loss_curves import loss_curves_figure
     from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
