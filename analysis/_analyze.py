@@ -274,8 +274,9 @@ def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 class Reach:
     """How a sweep's completed runs reach ``analysis.at_time``, in numbers that add up over
     batches of runs (and that SQL aggregates give): ``completed`` runs, of which ``short``
-    stop before it (their last finite loss comes earlier, or there is none); ``short_end``
-    the latest end of those, ``first_end`` the earliest end of any (NaN: none finite)."""
+    stop before it (their last finite loss comes earlier; a run without any finite loss is
+    not short: its regime is NULL for that, at any time); ``short_end`` the latest end of
+    those, ``first_end`` the earliest end of any (NaN: none finite)."""
 
     completed: int = 0
     short: int = 0
@@ -287,12 +288,12 @@ class Reach:
         """Of runs given by ``status`` and ``final_time`` (``summaries.final_time``, NaN for
         a run without a finite loss)."""
         ends = np.asarray(final_time, dtype=np.float64)[np.asarray(status) == "completed"]
-        short = ~(ends >= at_time * (1.0 - REACH_RTOL))  # NaN (no finite loss) is short too
+        short = ends < at_time * (1.0 - REACH_RTOL)  # NaN (no finite loss) is not
         finite = np.isfinite(ends)
         return cls(
             int(len(ends)),
             int(short.sum()),
-            float(ends[short & finite].max()) if (short & finite).any() else float("nan"),
+            float(ends[short].max()) if short.any() else float("nan"),
             float(ends[finite].min()) if finite.any() else float("nan"),
         )
 
@@ -334,7 +335,7 @@ class Reach:
         if self.first_end == self.first_end:
             t = reached_time(self.first_end)
             line += (
-                f"; every run reaches t = {t}: relaunch the sweep's spec with "
+                f"; every run with a finite loss reaches t = {t}: relaunch the sweep's spec with "
                 f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
             )
         return line

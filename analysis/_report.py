@@ -516,18 +516,51 @@ def report_html(
     )
 
 
-def regime_note(none: int, failed: int, short: str | None) -> str:
-    """Why runs have no regime, in one paragraph (empty when every run has one): ``none``
-    runs have none, ``failed`` of them failed, ``short``: what :meth:`analysis._analyze.
-    Reach.line` says of the runs that stop before ``analysis.at_time``."""
-    if not none:
-        return ""
-    parts = [f"{failed} failed (no trajectory)"] if failed else []
-    if short:
-        parts.append(short)
-    if not parts:
-        parts.append("their loss or order parameter is not finite where the regime is read")
-    return f"(none): {none} runs have no regime: " + "; ".join(parts) + "."
+def regime_counts(con, sweep: str, at_time: float | None) -> pd.DataFrame:
+    """The sweep's runs counted by ``status``, ``regime`` ("(none)" for NULL) and ``cause``,
+    in one pass over the runs (the view's window over all of them is the cost at scale);
+    ``con``: an open catalog. ``cause``, NULL for a run with a regime, is the first of:
+    ``failed`` (no trajectory), ``unanalyzed`` (no current summary), ``beyond_at_time``
+    (its last finite loss comes before ``at_time``), ``not_finite`` (its loss or order
+    parameter is not finite where the regime is read). With the columns that
+    :meth:`analysis._analyze.Reach.of_counts` reads: ``short``, ``short_end``, ``first_end``."""
+    reach_at = None if at_time is None else at_time * (1.0 - REACH_RTOL)
+    return con.execute(
+        "SELECT r.status, coalesce(s.regime, '(none)') AS regime, "
+        "CASE WHEN s.regime IS NOT NULL THEN NULL "
+        "WHEN r.status = 'failed' THEN 'failed' "
+        "WHEN s.run_id IS NULL THEN 'unanalyzed' "
+        "WHEN s.final_time < $reach::DOUBLE THEN 'beyond_at_time' "
+        "ELSE 'not_finite' END AS cause, count(*) AS runs, "
+        "count(*) FILTER (WHERE s.final_time < $reach::DOUBLE) AS short, "
+        "max(s.final_time) FILTER (WHERE s.final_time < $reach::DOUBLE) AS short_end, "
+        "min(s.final_time) AS first_end "
+        "FROM runs r LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
+        "WHERE r.sweep = $sweep GROUP BY ALL",
+        {"reach": reach_at, "sweep": sweep},
+    ).df()
+
+
+def regime_note(counts: pd.DataFrame, sweep: str, at_time: float | None, store: str = "") -> str:
+    """Why runs have no regime: a sentence per cause, with its count and what to do (empty
+    when every run has one); ``counts``: :func:`regime_counts` of ``sweep``; ``store``: its
+    URI, for the command that analyzes the runs without a summary."""
+    none = counts[counts["regime"] == "(none)"].groupby("cause")["runs"].sum()
+    reach = Reach.of_counts(counts[counts["cause"] != "unanalyzed"])  # of the summaries' ends
+    analyze = shlex.join(["phasesweep", "analyze", sweep, *(["--store", store] if store else [])])
+    why = {
+        "unanalyzed": "not analyzed yet (no current summary: new, extended or retrained since "
+        f"the last analysis): run {analyze}",
+        "failed": "failed (no trajectory)",
+        "beyond_at_time": f"beyond analysis.at_time: {reach.line(at_time)}",
+        "not_finite": "with a loss or order parameter that is not finite where the regime is read",
+    }
+    told = [f"{_runs(n)} {why[c]}." for c in why if (n := int(none.get(c, 0)))]
+    return " ".join([f"(none): {_runs(int(none.sum()))} have no regime.", *told]) if told else ""
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def report(
@@ -559,19 +592,7 @@ def report(
     with open_sweep(store, sweep) as ctx:
         rendered = render_all(ctx, out)
         con = ctx.con
-        # one pass over the runs (the view's window over all of them is the cost at scale):
-        # the counts by status and regime, and how the completed runs reach at_time
-        reach_at = (ctx.cfg.at_time or 0.0) * (1.0 - REACH_RTOL)
-        short = "NOT coalesce(s.final_time >= ?, false)"
-        counts = con.execute(
-            "SELECT r.status, coalesce(s.regime, '(none)') AS regime, count(*) AS runs, "
-            f"count(*) FILTER (WHERE {short}) AS short, "
-            f"max(s.final_time) FILTER (WHERE {short}) AS short_end, "
-            "min(s.final_time) AS first_end "
-            "FROM runs r LEFT JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id "
-            "WHERE r.sweep = ? GROUP BY ALL",
-            [reach_at, reach_at, sweep],
-        ).df()
+        counts = regime_counts(con, sweep, ctx.cfg.at_time)
         status, regimes = (
             counts.groupby(key, as_index=False, dropna=False)["runs"]
             .sum()
@@ -611,15 +632,7 @@ def report(
         description=spec.description if spec is not None else "",
         provenance=prov,
         boundaries=refined,
-        regime_note=regime_note(
-            int(counts.loc[counts["regime"] == "(none)", "runs"].sum()),
-            int(
-                counts.loc[
-                    (counts["regime"] == "(none)") & (counts["status"] == "failed"), "runs"
-                ].sum()
-            ),
-            Reach.of_counts(counts).line(cfg.at_time),
-        ),
+        regime_note=regime_note(counts, sweep, cfg.at_time, store.uri),
         fit_stats=fit_stats,
         cfg=cfg,
     )

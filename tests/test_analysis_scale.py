@@ -746,6 +746,7 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
     once, summed over batches (analyze) and aggregated in SQL (the report)."""
     from phasesweep.analysis import analyze
     from phasesweep.analysis._analyze import Reach
+    from phasesweep.analysis._report import regime_counts
 
     rng = np.random.default_rng(0)
     status = rng.choice(["completed", "diverged", "failed"], 200, p=[0.8, 0.1, 0.1])
@@ -767,13 +768,7 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
         "JOIN summaries s USING (sweep, run_id)"
     ).df()
     at = 2 * float(np.nanmax(runs["final_time"]))  # beyond every run
-    counts = con.execute(
-        "SELECT r.status, count(*) AS runs, count(*) FILTER (WHERE NOT coalesce(s.final_time "
-        ">= ?, false)) AS short, max(s.final_time) FILTER (WHERE NOT coalesce(s.final_time "
-        ">= ?, false)) AS short_end, min(s.final_time) AS first_end FROM runs r LEFT JOIN "
-        "summaries s USING (sweep, run_id) GROUP BY ALL",
-        [at * (1 - 1e-9)] * 2,
-    ).df()
+    counts = regime_counts(con, "reach", at)
     want = Reach.of(at, runs["status"].to_numpy(object), runs["final_time"].to_numpy(float))
     assert Reach.of_counts(counts) == want and want.short == want.completed and want.line(at)
     assert want.short_end == float(np.nanmax(runs["final_time"]))

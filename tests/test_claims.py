@@ -8,7 +8,9 @@ import os
 import signal
 import time
 
+import pytest
 from phasesweep.storage import Store
+from phasesweep.storage import _claims as claims_module
 from phasesweep.storage._claims import Claims, Renewer, create_exclusive
 from test_store_s3 import s3_server, s3_store  # noqa: F401  (fixtures)
 
@@ -81,33 +83,67 @@ def _as_other_host(claims: Claims, lease_id: str) -> None:
     claims.store.fs.pipe_file(path, json.dumps(body).encode())
 
 
-def test_a_remote_lease_lives_until_its_ttl_and_renewals_extend_it(tmp_path):
+class _Clock:
+    """The wall clock the claims read (``time.time``), moved only by the test: whether a
+    lease expired depends on the TTL, never on how fast a loaded machine runs the test.
+    ``monotonic`` and ``sleep`` (the lock's wait) stay real."""
+
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+
+    def __init__(self) -> None:
+        self.now = 1.0e9
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(claims_module, "time", fake)
+    return fake
+
+
+def _expiry(claims: Claims, lease_id: str) -> float:
+    return json.loads(claims.store.fs.cat_file(claims.lease_path(lease_id)))["expires"]
+
+
+def test_a_remote_lease_lives_until_its_ttl_and_renewals_extend_it(tmp_path, clock):
     store = Store.open(str(tmp_path))
     claims = Claims(store, "s", ttl=1.0)
     stale, _ = claims.acquire(RUN_IDS[:3])
     _as_other_host(claims, stale.lease_id)
+    clock.now += 0.9  # within its TTL
     assert claims.held(RUN_IDS) == set(RUN_IDS[:3])
     lease, _ = claims.acquire(RUN_IDS[3:6])
     with Renewer(lease):
-        time.sleep(2.5)  # > 2 TTLs: only renewals keep it alive
+        clock.now += 2.5  # > 2 TTLs: the stale lease expired; only a renewal keeps this one
+        # the renewer's next renewal (every ttl / 3 s of real time) pushes it past the new now
+        deadline = time.monotonic() + 120
+        while _expiry(claims, lease.lease_id) < clock.now + 0.5:
+            assert time.monotonic() < deadline, "the renewer did not renew the lease"
+            time.sleep(0.05)
         assert claims.held(RUN_IDS) == set(RUN_IDS[3:6])
         taker, busy = Claims(store, "s").acquire(RUN_IDS[:6])
     assert busy == set(RUN_IDS[3:6]) and taker.run_ids == set(RUN_IDS[:3])
     # the expired holder finds out before committing
     assert stale.owned() == set()
     assert taker.owned() == set(RUN_IDS[:3])
+    clock.now += 2.5  # no renewer now: the lease expires
+    assert claims.held(RUN_IDS) == set(RUN_IDS[:3])
     for lease_ in (lease, taker, stale):
         lease_.release()
     assert not list((tmp_path / "claims").rglob("r*"))
     assert not list((tmp_path / "claims").rglob("*.json"))
 
 
-def test_release_keeps_a_newer_holders_claim(tmp_path):
+def test_release_keeps_a_newer_holders_claim(tmp_path, clock):
     store = Store.open(str(tmp_path))
     claims = Claims(store, "s", ttl=0.5)
     old, _ = claims.acquire(RUN_IDS[:2])
     _as_other_host(claims, old.lease_id)
-    time.sleep(1.0)
+    clock.now += 1.0  # past its TTL
     new, busy = claims.acquire(RUN_IDS[:2])
     assert busy == set() and new.run_ids == set(RUN_IDS[:2])
     old.release()  # late release of the expired lease: the new claims stay

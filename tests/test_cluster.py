@@ -4,6 +4,7 @@ an S3 store on a moto server), and ``cluster.yaml``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -22,9 +23,11 @@ import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import trial_faults
 import yaml
 from phasesweep.pipeline.run._standing import session_pids
 from phasesweep.storage import run_query
+from trial_faults import HOLD_ENV
 
 #: Environment of a driver of a loopback cluster: Ray swaps a loopback address for the
 #: machine's own (where no node listens), unless Ray believes it cannot form clusters
@@ -291,7 +294,11 @@ def _start_node(
 def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phasesweep_cli):
     """Head and two worker nodes as separate `ray start` processes, a moto S3 server as the
     store; one worker node is SIGKILLed once the first chunk is committed. The sweep still
-    completes, and the raw files hold every point once with its whole trajectory."""
+    completes, and the raw files hold every point once with its whole trajectory.
+
+    The trials of the node to be killed hold after their first checkpoint (the hold hook of
+    tests/trial_faults.py, in that node's environment only), so it is training when it is
+    killed however fast the machine: the other node commits chunks meanwhile."""
     from moto.server import ThreadedMotoServer
     from phasesweep.storage import Store, verify
 
@@ -331,17 +338,25 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
             "--include-dashboard=false",
             "--num-cpus=0",  # trials run on the worker nodes only
         ]
+        hold = tmp_path / "hold"
+        hold.touch()
+        held = {**env, **trial_faults.env(**{HOLD_ENV: str(hold)})}
         for name, args in (("head", head), ("worker0", []), ("worker1", [])):
             args = [*args, f"--temp-dir={ray_tmp}"] + ([] if args else [f"--address={gcs}"])
             log = tmp_path / f"{name}.log"
-            _start_node(
-                gcs, env, nodes, lambda args=args, log=log: _ray_node(env, log, *args), deadline
-            )
+            node_env = held if name == "worker0" else env  # nodes[1]: the node killed below
+            start = functools.partial(_ray_node, node_env, log, *args)
+            _start_node(gcs, env, nodes, start, deadline)
 
         spec = tiny_spec(
             {
                 "name": "killed",
-                "train.steps": 15000,
+                # seconds of training (10³-10⁴ steps/s), checkpointed every half second: a
+                # chunk of the held node checkpoints, and holds, before it could end
+                "train.steps": 20000,
+                "model.width": 32,
+                "data.n_train": 32,
+                "execution.commit_every_seconds": 0.5,
                 "execution.max_chunk_size": 1,
                 "grid.seed": [0, 1, 2, 3],
             }
@@ -353,8 +368,9 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
                 **_LOOPBACK_DRIVER,
             },
         )
-        # mid-sweep: a chunk is committed and worker node 1 is training another one
+        # mid-sweep: a chunk is committed and worker0 (nodes[1]) is training (held in) another
         while proc.poll() is None and not (store.files("runs", "killed") and _training(nodes[1])):
+            assert time.monotonic() < deadline, "no chunk committed beside a held one"
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[1]
         _kill_session(nodes[1])

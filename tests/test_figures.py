@@ -170,6 +170,59 @@ def test_phase_colours_are_log_where_values_span_decades():
     plt.close("all")
 
 
+def _grid_cells(nx: int, ny: int, value) -> pd.DataFrame:
+    """Cells of an nx x ny phase diagram, ``value(i, j)`` at column i, row j."""
+    rows = [
+        {"x": 10.0 ** (i - 3), "y": 16 * 2**j, "value": value(i, j), "value_sd": np.nan,
+         "n_runs": 2, "n_completed": 2, "n_diverged": 0, "n_failed": 0, "n_seeds": 2,
+         "n_analyzed": 2, "regime": "lazy" if value(i, j) < 0.1 else "rich"}
+        for i in range(nx) for j in range(ny)
+    ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("nx", "ny", "value"),
+    [
+        (9, 4, lambda i, j: 0.01 * 3 ** ((i + j) / 2)),  # a diagonal line
+        (9, 3, lambda i, j: 0.01 * 2**i),  # a vertical line
+        (6, 6, lambda i, j: 0.01 * 3**j),  # a horizontal line
+        (12, 8, lambda i, j: 0.01 * 3 ** ((i + j) / 2)),  # small cells
+    ],
+)
+def test_the_threshold_label_covers_no_cell_text(nx, ny, value):
+    """Issue 32: the contour's label overlapped a cell's value. In the rendered figure the
+    label's box meets no other text's box, and it sits on the threshold line."""
+    from matplotlib.contour import ContourSet
+    from phasesweep.analysis.figures.phase_diagram import THRESHOLD_LABEL, phase_diagram_figure
+
+    fig = phase_diagram_figure(
+        _grid_cells(nx, ny, value), x="init_scale", y="width", value="kernel_distance",
+        threshold=0.1,
+    )  # fmt: skip
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (a,) = [a for a in fig.axes if a.get_label() != "<colorbar>"]
+    labels = [t for t in a.texts if t.get_gid() == THRESHOLD_LABEL]
+    others = [t for t in a.texts if t.get_gid() != THRESHOLD_LABEL and t.get_text().strip()]
+    assert len(labels) == 1 and labels[0].get_text() == "0.1" and len(others) == nx * ny
+    box = labels[0].get_bbox_patch().get_window_extent(renderer)
+    for t in others:
+        assert not box.overlaps(t.get_window_extent(renderer)), (t.get_text(), t.get_position())
+    # on the line: its distance to the nearest segment of the contour is round-off
+    (cs,) = [c for c in a.collections if isinstance(c, ContourSet)]
+    p = np.asarray(labels[0].get_position(), dtype=float)
+    distances = []
+    for path in cs.get_paths():
+        for poly in path.to_polygons(closed_only=False):
+            poly = np.asarray(poly, dtype=float)
+            for u, v in zip(poly[:-1], poly[1:]):
+                s = np.clip(np.dot(p - u, v - u) / max(np.dot(v - u, v - u), 1e-300), 0, 1)
+                distances.append(np.hypot(*(p - (u + s * (v - u)))))
+    assert min(distances) < 1e-9
+    plt.close(fig)
+
+
 def test_legends_list_only_what_is_drawn():
     from phasesweep.analysis.figures.loss_curves import loss_curves_figure
     from phasesweep.analysis.figures.phase_diagram import phase_diagram_figure
@@ -230,6 +283,55 @@ def test_a_diverged_run_is_drawn_as_its_legend_says_or_counted_as_not_drawn():
         "1 diverged run not drawn: no finite loss",
     ]
     plt.close("all")
+
+
+def test_a_run_without_a_current_summary_is_drawn_as_not_analyzed(synthetic_store):
+    """Issue 32: a loss curve of a run that has no current summary (new points, a run trained
+    again) was drawn like an analyzed one, as if no plateau had been found on it. It is
+    dotted, without the plateaus of any older summary, and the legend says why."""
+    import pyarrow as pa
+    from calibration import synthetic_sweep
+    from matplotlib.patches import Rectangle
+    from phasesweep.analysis.figures.loss_curves import NOT_ANALYZED_STYLE, loss_curves_figure
+
+    traj = pd.DataFrame(
+        {
+            "run_id": ["a"] * 3 + ["b"] * 3,
+            "time": [0.0, 1.0, 2.0] * 2,
+            "train_loss": [1, 0.5, 0.1] * 2,
+        }
+    )
+    runs = pd.DataFrame(
+        {"run_id": ["a", "b"], "init_scale": [0.1, 1.0], "status": ["completed"] * 2,
+         "analyzed": [True, False]}
+    )  # fmt: skip
+    stale = pd.DataFrame(
+        {"run_id": ["a", "b"], "start": [1.0] * 2, "end": [2.0] * 2, "level": [0.5] * 2}
+    )
+    fig = loss_curves_figure(traj, runs, stale)
+    (a,) = fig.axes
+    assert sorted(ln.get_linestyle() for ln in a.lines) == sorted(["-", NOT_ANALYZED_STYLE])
+    assert len([p for p in a.patches if isinstance(p, Rectangle)]) == 1  # run a's plateau only
+    assert "not analyzed (no plateaus detected yet): phasesweep analyze" in _legend_texts(fig)
+    plt.close(fig)
+
+    # from the store: a chunk added after analyze, drawn from a catalog (nothing analyzes it)
+    store, _ = synthetic_store(
+        "late", {"init_scale": [0.01, 1.0], "width": [16], "depth": [2], "seed": [0]}
+    )
+    analyze(store, "late", workers=0)
+    added = synthetic_sweep(init_scales=(0.1,), widths=(16,), depths=(2,), seeds=(0,), steps=10**6)
+    for name, table in added.items():
+        ids = pa.array([f"new-{r}" for r in table["run_id"].to_pylist()])
+        added[name] = table.set_column(table.schema.get_field_index("run_id"), "run_id", ids)
+    store.write_chunk("late", "c1", added)
+    with open_catalog(store) as con:
+        fig = draw("loss_curves", con, "late", facet=None)
+    styles = [ln.get_linestyle() for a in fig.axes for ln in a.lines]
+    assert styles.count(NOT_ANALYZED_STYLE) == added["runs"].num_rows == 1
+    assert styles.count("-") == 2
+    assert "not analyzed (no plateaus detected yet): phasesweep analyze" in _legend_texts(fig)
+    plt.close(fig)
 
 
 def test_spread_on_log_axes_stays_positive():

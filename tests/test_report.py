@@ -14,13 +14,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
-from phasesweep.analysis import report
+from calibration import synthetic_sweep
+from phasesweep.analysis import analyze, report
 from phasesweep.analysis._analyze import fit_mask
-from phasesweep.analysis._report import ReportFigure, fit_reason, fit_stats_sql, report_html
+from phasesweep.analysis._report import (
+    ReportFigure,
+    fit_reason,
+    fit_stats_sql,
+    regime_counts,
+    regime_note,
+    report_html,
+)
 from phasesweep.analysis.config import AnalysisConfig
-from phasesweep.storage import open_catalog
+from phasesweep.storage import Store, open_catalog
 
 SWEEP = "rep"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -375,3 +385,96 @@ def test_report_omits_empty_tables():
     for gone in ("regime-counts", "plateau-counts", "slope-table", "Fitted slopes"):
         assert gone not in html
     assert '<a download="f.svg" href="data:image/svg+xml;base64,PHN2Zy8+">SVG</a>' in html
+
+
+#: analysis.at_time of the store of every cause: before the synthetic runs' end (t = 10⁴).
+CAUSES_AT = 5000.0
+
+
+def _tagged(tables: dict, tag: str) -> dict:
+    """``tables`` with every run id prefixed by ``tag`` (two chunks' synthetic ids differ)."""
+    for name, table in tables.items():
+        i = table.schema.get_field_index("run_id")
+        ids = [f"{tag}{r}" for r in table["run_id"].to_pylist()]
+        tables[name] = table.set_column(i, "run_id", pa.array(ids))
+    return tables
+
+
+def _causes_store(path, *, damage: bool) -> tuple[Store, dict[str, set[str]]]:
+    """A store of sweep ``causes`` (``analysis.at_time`` = :data:`CAUSES_AT`) and its runs
+    without a regime by cause: two runs added after ``analyze`` are not analyzed; with
+    ``damage``, the synthetic sweep's first run failed, and of its converged runs one ends at
+    t = 1000 < at_time and one has no finite order parameter."""
+    store = Store.open(str(path))
+    spec = {"name": "causes", "analysis": {"at_time": CAUSES_AT}}
+    store.write_spec("causes", yaml.safe_dump(spec))
+    kw = {"widths": (16,), "depths": (2,), "steps": 10**6}
+    first = synthetic_sweep(init_scales=(0.5, 1.0), seeds=(0, 1, 2), fail_first=damage, **kw)
+    tables = _tagged(first, "a")
+    short, nan = "ar000001", "ar000002"  # converged runs (checked: a regime when left alone)
+    if damage:
+        traj = tables["trajectories"]
+        late = pc.and_(pc.equal(traj["run_id"], short), pc.greater(traj["time"], 1000.0))
+        traj = traj.filter(pc.invert(late))
+        mine = pc.equal(traj["run_id"], nan).to_numpy(zero_copy_only=False)
+        for column in ("kernel_distance", "param_rel_change"):
+            values = traj[column].to_numpy(zero_copy_only=False).astype(float)
+            values[mine] = np.nan
+            i = traj.schema.get_field_index(column)
+            traj = traj.set_column(i, column, pa.array(values, from_pandas=True))
+        tables["trajectories"] = traj
+    store.write_chunk("causes", "c0", tables)
+    analyze(store, "causes", workers=0)
+    added = _tagged(synthetic_sweep(init_scales=(0.5,), seeds=(3, 4), **kw), "b")
+    store.write_chunk("causes", "c1", added)
+    causes = {"unanalyzed": set(added["runs"]["run_id"].to_pylist())}
+    if damage:
+        causes |= {"failed": {"ar000000"}, "beyond_at_time": {short}, "not_finite": {nan}}
+    return store, causes
+
+
+def test_every_run_without_a_regime_is_counted_under_its_true_cause(tmp_path):
+    store, causes = _causes_store(tmp_path / "damaged", damage=True)
+    undamaged, _ = _causes_store(tmp_path / "undamaged", damage=False)
+    with open_catalog(undamaged) as con:  # the independent answer: the same runs left alone
+        alone = dict(con.execute("SELECT run_id, regime FROM summaries").fetchall())
+    assert alone["ar000001"] in ("lazy", "rich") and alone["ar000002"] in ("lazy", "rich")
+    with open_catalog(store) as con:
+        counts = regime_counts(con, "causes", CAUSES_AT)
+        regimes = dict(con.execute("SELECT run_id, regime FROM summaries").fetchall())
+        (end,) = con.execute(
+            "SELECT max(time) FROM trajectories WHERE run_id = ?", [*causes["beyond_at_time"]]
+        ).fetchone()
+    assert {r for r, regime in regimes.items() if regime is None} == {
+        *causes["failed"],
+        *causes["beyond_at_time"],
+        *causes["not_finite"],
+    }
+    none = counts[counts["regime"] == "(none)"].groupby("cause")["runs"].sum().to_dict()
+    assert none == {c: len(ids) for c, ids in causes.items()}
+    assert counts.loc[counts["regime"] != "(none)", "cause"].isna().all()
+
+    note = regime_note(counts, "causes", CAUSES_AT, store.uri)
+    assert note.startswith("(none): 5 runs have no regime. "), note
+    analyze_cmd = f"run phasesweep analyze causes --store {store.uri}."
+    assert "2 runs not analyzed yet (no current summary" in note and analyze_cmd in note, note
+    assert "1 run failed (no trajectory)." in note, note
+    assert "1 run beyond analysis.at_time: analysis.at_time = 5000 lies beyond" in note, note
+    assert f"of 1 of 5 completed runs (they end by t = {end:.6g})" in note, note
+    assert "1 run with a loss or order parameter that is not finite" in note, note
+    # the time it offers is one every run with a finite loss reaches, before at_time
+    offered = float(re.search(r"reaches t = ([0-9.e+]+):", note).group(1))
+    assert offered <= end <= 1000.0 < CAUSES_AT
+
+
+def test_runs_not_analyzed_yet_are_not_said_to_stop_before_at_time(tmp_path):
+    """Issue 32: after a grid was extended, its new runs without a summary were said to end
+    before analysis.at_time, beside "every run reaches t = …", which contradicts it."""
+    store, causes = _causes_store(tmp_path, damage=False)
+    with open_catalog(store) as con:
+        counts = regime_counts(con, "causes", CAUSES_AT)
+    note = regime_note(counts, "causes", CAUSES_AT)
+    assert note == (
+        "(none): 2 runs have no regime. 2 runs not analyzed yet (no current summary: new, "
+        "extended or retrained since the last analysis): run phasesweep analyze causes."
+    )

@@ -29,6 +29,7 @@ from phasesweep.analysis.figures._kind import (
     subtitle,
 )
 from phasesweep.storage import sql_condition
+from phasesweep.storage._catalog import UNANALYZED
 
 #: at most this many hue values get a legend of their own colours; more get a colour bar.
 MAX_LEGEND_HUES = 8
@@ -71,8 +72,11 @@ def loss_curves_figure(
     """Train loss vs gradient-flow time (log-log), coloured by ``hue``, plateaus shaded.
 
     ``traj``: ``run_id, time, train_loss``; ``runs``: ``run_id`` + ``hue`` (+ ``facet``,
-    ``status``); ``plateaus``: rows of the plateaus table. Every plateau is a band
-    (x: its start-end, y: its level ±25 %) in its run's colour. t = 0 is not on a
+    ``status``, ``analyzed``: whether the run has a current summary); ``plateaus``: rows of
+    the plateaus table. Every plateau is a band (x: its start-end, y: its level ±25 %) in
+    its run's colour. A run without a current summary (new, or trained again since the last
+    ``analyze``) is dotted, with no plateau and a legend entry "not analyzed": what the
+    analysis would say of it is unknown, not "no plateau". t = 0 is not on a
     log axis, NULL or non-positive losses are not drawn: curves start at the first
     logged step. Diverged runs are dashed, with a × at their last finite loss; those
     with no finite loss are counted in the legend, not drawn. The y axis spans at most ``decades``
@@ -93,7 +97,7 @@ def loss_curves_figure(
     top = float(traj["train_loss"].max()) if len(traj) else 0.0
     bottom = float(traj["train_loss"].min()) if len(traj) else 0.0
     pl = {} if plateaus is None or plateaus.empty else dict(list(plateaus.groupby("run_id")))
-    drawn = {"plateau": False, "diverged": False}
+    drawn = {"plateau": False, "diverged": False, "not_analyzed": False}
     undrawn = 0  # diverged runs without a finite loss at t > 0: no curve to draw
     with style.theme():
         nr, nc = grid_shape(len(facets))
@@ -108,15 +112,18 @@ def loss_curves_figure(
                     undrawn += int(diverged)
                     continue
                 c = colour_of(runs.at[rid, hue])
+                analyzed = "analyzed" not in runs or bool(runs.at[rid, "analyzed"])
                 drawn["diverged"] |= diverged
+                drawn["not_analyzed"] |= not analyzed
                 # a diverged run may have one finite loss only: its × is drawn where a
                 # line of one point would not be
                 a.plot(
-                    g["time"], g["train_loss"], color=c, lw=1.4, ls="--" if diverged else "-",
+                    g["time"], g["train_loss"], color=c, lw=1.4,
+                    ls=NOT_ANALYZED_STYLE if not analyzed else "--" if diverged else "-",
                     marker="x" if diverged else None, markevery=[-1], ms=7,
                 )  # fmt: skip
                 first_t = g["time"].min()
-                for p in pl[rid].itertuples() if rid in pl else ():
+                for p in pl[rid].itertuples() if rid in pl and analyzed else ():
                     if not (np.isfinite(p.level) and p.level > 0 and p.end > first_t):
                         continue
                     x0 = max(p.start, first_t)
@@ -152,6 +159,13 @@ def loss_curves_figure(
                     label="diverged run (×: its last finite loss)",
                 )
             )  # fmt: skip
+        if drawn["not_analyzed"]:
+            handles.append(
+                Line2D(
+                    [], [], color="0.3", ls=NOT_ANALYZED_STYLE,
+                    label="not analyzed (no plateaus detected yet): phasesweep analyze",
+                )
+            )  # fmt: skip
         if undrawn:
             runs_ = "run" if undrawn == 1 else "runs"
             text = f"{undrawn} diverged {runs_} not drawn: no finite loss"
@@ -167,13 +181,18 @@ def loss_curves_figure(
         )
 
 
+#: The line style of a run without a current summary (its plateaus are not known).
+NOT_ANALYZED_STYLE = ":"
+
+
 class LossCurves(FigureKind):
     kind = "loss_curves"
     order = 30
     fields = ("hue", "facet", "where", "name", "title")
     caption = (
         "Train loss vs gradient-flow time, log–log, one colour per hue value (dashed, × "
-        "at the last finite loss: diverged); shaded boxes: detected plateaus (time span × level ±25 %)."
+        "at the last finite loss: diverged; dotted: not analyzed, no current summary); shaded "
+        "boxes: detected plateaus (time span × level ±25 %)."
     )
 
     def default(self, ctx: Context) -> PlotSpec | None:
@@ -189,7 +208,8 @@ class LossCurves(FigureKind):
         cols = ", ".join(dict.fromkeys(c for c in ("status", p.hue, p.facet) if c))
         where = f" AND ({sql_condition(p.where)})" if p.where else ""
         runs, total = ctx.sample(
-            f"SELECT run_id, attempt, {cols} FROM runs WHERE sweep = ?{where}",
+            f"SELECT run_id, attempt, {cols}, NOT ({UNANALYZED}) AS analyzed "
+            f"FROM runs AS r WHERE sweep = ?{where}",
             [p.facet, p.hue],
             MAX_CURVES,
             [ctx.sweep],

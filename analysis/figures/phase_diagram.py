@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib import pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.contour import ContourSet
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
@@ -68,7 +69,8 @@ def phase_diagram_figure(
     ``boundaries``: rows of the ``boundaries`` table along ``x`` (``phasesweep refine``),
     drawn over the cells with their brackets and seed crossings, per facet value; only
     those of ``value``'s own metric (a boundary of another metric says nothing of these
-    colours), labelled with the metric and level.
+    colours), labelled with the metric and level. The threshold line's label is placed
+    where it covers no cell's text (:func:`label_threshold`).
     """
     if boundaries is not None and "metric" in boundaries.columns:
         boundaries = boundaries[boundaries["metric"] == value]
@@ -108,6 +110,7 @@ def phase_diagram_figure(
         width = max(cw * nc + 1.6, 7.5)
         fig, axes = canvas(ax, nr, nc, (width, ch * nr + 1.2))
         mesh = None
+        contours: list[tuple[Axes, ContourSet]] = []
         for k, fv in enumerate(facets):
             a = axes.ravel()[k]
             sub = cells if fv is None else cells[cells["facet"] == fv]
@@ -228,10 +231,10 @@ def phase_diagram_figure(
                         np.arange(len(ys)) + 0.5,
                         z,
                         levels=[threshold],
-                        colors="#d62728",
+                        colors=THRESHOLD_COLOR,
                         linewidths=2.2,
                     )
-                    a.clabel(cs, fmt={threshold: f"{threshold:g}"}, fontsize=8)
+                    contours.append((a, cs))
                     drawn["contour"] = True
             if boundaries is not None and not boundaries.empty:
                 lines = boundaries if fv is None else boundaries[boundaries[facet] == fv]
@@ -285,7 +288,11 @@ def phase_diagram_figure(
         if drawn["contour"]:
             handles.append(
                 Line2D(
-                    [], [], color="#d62728", lw=2.2, label=f"lazy | rich threshold = {threshold:g}"
+                    [],
+                    [],
+                    color=THRESHOLD_COLOR,
+                    lw=2.2,
+                    label=f"lazy | rich threshold = {threshold:g}",
                 )
             )
         if threshold is not None and len(xs) >= 2 and len(ys) >= 2 and not drawn["sided"]:
@@ -309,15 +316,81 @@ def phase_diagram_figure(
                 )
             )
         n_seeds = int(cells["n_seeds"].max()) if len(cells) else 0
-        return finish(
+        root = finish(
             fig,
             axes,
             title or f"Phase diagram: {short_label(value)} ({n_seeds} seeds per cell)",
             handles,
             {"ncols": 3},
         )
+        if contours:
+            root.draw_without_rendering()  # the layout: where the cells' texts now are
+            for a, cs in contours:
+                label_threshold(a, cs, f"{threshold:g}", root.canvas.get_renderer())
+        return root
 
 
+#: The ``gid`` of a threshold line's label (how tests and users find it).
+THRESHOLD_LABEL = "threshold-label"
+
+
+def label_threshold(a: Axes, cs: ContourSet, text: str, renderer) -> None:
+    """Label the threshold line ``cs`` of panel ``a`` with ``text`` at the point of the line
+    where the label's box lies farthest from every text of the panel (the cells' values),
+    inside the panel; no label where every point would touch one (the legend names the
+    level). ``renderer``: of the figure after its layout, which fixes the texts' boxes.
+
+    Placed in display space because that is where text sizes are fixed: in data units a
+    cell's text and the label change size with the figure, and matplotlib's own placement
+    (``clabel``) looks at the line's curvature only, so it often sat on a cell's value."""
+    boxes = np.array(
+        [t.get_window_extent(renderer).extents for t in a.texts if t.get_text().strip()]
+    ).reshape(-1, 4)  # (M, 4): x0, y0, x1, y1 in pixels
+    label = a.text(
+        0, 0, text, ha="center", va="center", fontsize=8, color=THRESHOLD_COLOR,
+        fontweight="bold", gid=THRESHOLD_LABEL,
+        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
+    )  # fmt: skip
+    extent = label.get_window_extent(renderer)
+    pad = 0.15 * 8 * a.figure.dpi / 72 + 1.0  # the box's pad, and a pixel between boxes
+    half = np.array([extent.width / 2 + pad, extent.height / 2 + pad])
+    points = np.concatenate(
+        [_along(p) for path in cs.get_paths() for p in path.to_polygons(closed_only=False)]
+        or [np.empty((0, 2))]
+    )
+    centre = a.transData.transform(points)  # (K, 2) pixels
+    lo, hi = centre - half, centre + half
+    inside = (lo >= a.bbox.p0).all(axis=1) & (hi <= a.bbox.p1).all(axis=1)
+    # separation of the label's box from each text box: the widest gap along x or y (< 0: overlap)
+    gap = np.maximum.reduce(
+        [
+            boxes[None, :, 0] - hi[:, None, 0],
+            lo[:, None, 0] - boxes[None, :, 2],
+            boxes[None, :, 1] - hi[:, None, 1],
+            lo[:, None, 1] - boxes[None, :, 3],
+        ]
+    )
+    clearance = np.where(inside, gap.min(axis=1, initial=np.inf), -np.inf)
+    if not len(clearance) or clearance.max() <= 0:
+        label.remove()
+        return
+    label.set_position(points[int(np.argmax(clearance))])
+
+
+def _along(vertices: np.ndarray, step: float = 0.02) -> np.ndarray:
+    """Points along the polyline ``vertices`` (N, 2), at most ``step`` apart (data units:
+    cells are 1 wide and 1 high), the vertices included."""
+    if len(vertices) < 2:
+        return vertices
+    out = [vertices[:1]]
+    for start, end in zip(vertices[:-1], vertices[1:]):
+        n = max(int(np.ceil(np.hypot(*(end - start)) / step)), 1)
+        out.append(start + (end - start) * (np.arange(1, n + 1) / n)[:, None])
+    return np.concatenate(out)
+
+
+#: The colour of the lazy/rich threshold line and its label.
+THRESHOLD_COLOR = "#d62728"
 #: The hatch of a cell whose runs are not all analyzed (no value to colour it by).
 NOT_ANALYZED_HATCH = "///"
 
