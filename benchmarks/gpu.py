@@ -20,7 +20,7 @@ card's memory; ``--members`` caps it), timed piece by piece as a trial runs it:
 - the whole grid's time extrapolated from the chunk (chunk seconds × points / chunk size,
   one trial at a time on the card);
 - device memory: the peak measured (``torch.cuda.max_memory_allocated``) against the
-  planner's estimate for the chunk (``member_bytes`` + ``metrics_bytes`` per member).
+  planner's estimate for the chunk (``device_member_bytes`` per member).
 
 Then per width and depth: kernels, launches and host operators per non-logged step
 (torch.profiler over 16 of them, the step a CUDA graph), and the agreement with the CPU:
@@ -49,8 +49,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size, member_bytes
-from phasesweep.pipeline.grid._cost import metrics_bytes
+from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size
+from phasesweep.pipeline.grid._cost import device_member_bytes
 from phasesweep.pipeline.run._plan import expand_task, plan_chunks
 from phasesweep.pipeline.spec import SweepSpec, validate_spec
 from phasesweep.pipeline.train._trainer import HOOK_EVERY, ChunkTrainer
@@ -283,7 +283,7 @@ def grid_chunk(
     timing = trainer.timing
     tables_s = (ran - built) - timing["train_s"] - timing["metrics_s"]
     chunk_s = written - started
-    planned = E * (member_bytes(cfg) + metrics_bytes(cfg))
+    planned = E * device_member_bytes(cfg)
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     us = 1e6 / E
     return {

@@ -214,13 +214,17 @@ def test_explicit_chunks_carry_their_group_tag():
 
 
 def test_chunks_on_a_gpu_follow_its_memory_not_the_cpu_caps():
-    """On an 80 GiB GPU about 10⁵ small members train as one chunk; the CPU keeps its
-    caps; a limit the spec sets holds on both."""
+    """On an 80 GiB GPU some 10⁴ small members train as one chunk with the default metrics
+    (the predictor's and spectra's matrices dominate), some 10⁵ with them off; the CPU keeps
+    its caps; a limit the spec sets holds on both."""
     spec = _spec({"seed": {"range": [0, 10**6]}}, model={"width": 16}, data={"input_dim": 10})
     config = Grid(spec).group_config(())
     assert chunk_members(config, spec.execution) == 1024
     on_gpu = chunk_members(config, spec.execution, 80 * 2**30)
-    assert 5 * 10**4 < on_gpu < 5 * 10**5
+    assert 2 * 10**4 < on_gpu < 10**5
+    off = {"ntk": False, "spectra": False, "linearized": False}
+    bare = config.model_copy(update={"metrics": config.metrics.model_copy(update=off)})
+    assert 10**5 < chunk_members(bare, spec.execution, 80 * 2**30) < 10**6
     assert chunk_members(config, spec.execution, 40 * 2**30) == pytest.approx(on_gpu / 2, rel=1e-3)
     capped = spec.execution.model_copy(update={"max_chunk_size": 5000})
     assert chunk_members(config, capped, 80 * 2**30) == 5000
@@ -436,3 +440,36 @@ def test_run_ids_of_a_small_grid_are_those_main_gave_at_c68494a():
     g = Grid(spec)
     planned = [r for t in plan_chunks(g) for r in expand_task(g, t).members.run_ids]
     assert sorted(planned) == sorted(ids)
+
+
+#: Peak device memory per member that benchmarks/gpu.py measured on an NVIDIA H200
+#: (benchmarks/results/gpu.w16-8192.json, gpu.w256-1024.json; torch.cuda.max_memory_allocated
+#: over one chunk, 1000 and 200 steps): (width, depth, metrics on) -> bytes per member.
+MEASURED_ON_H200 = {
+    (16, 2, False): 0.9 * 2**30 / 8192,
+    (16, 2, True): 6.0 * 2**30 / 8192,
+    (256, 4, False): 7.8 * 2**30 / 1024,
+    (256, 4, True): 13.2 * 2**30 / 1024,
+}
+
+
+@pytest.mark.parametrize("shape", list(MEASURED_ON_H200), ids=str)
+def test_the_device_estimate_is_within_1_5_of_the_measured_peak(shape):
+    """The planner's device memory per member (device_member_bytes) against the peaks an
+    H200 measured for the benchmark's grid (benchmarks/gpu.py): within a factor 1.5 either
+    way, with the metrics off and with the defaults."""
+    from phasesweep.pipeline.grid._cost import device_member_bytes
+
+    width, depth, metrics = shape
+    off = {"ntk": False, "spectra": False, "linearized": False}
+    spec = validate_spec(
+        {
+            "name": "gpu",
+            "model": {"depth": depth, "width": width, "activation": "relu", "bias": False},
+            "data": {"kind": "teacher", "n_train": 64, "n_test": 128, "input_dim": 10},
+            "metrics": {} if metrics else off,
+            "grid": {"seed": [0]},
+        }
+    )
+    estimate = device_member_bytes(Grid(spec).group_config(()))
+    assert 1 / 1.5 <= estimate / MEASURED_ON_H200[shape] <= 1.5

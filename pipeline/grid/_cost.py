@@ -1,5 +1,5 @@
-"""The cost model of a grid point: its memory (:func:`member_bytes`,
-:func:`metrics_bytes`) and training FLOPs (:func:`flops_per_step`), and from them how many
+"""The cost model of a grid point: its memory (:func:`member_bytes` on the CPU,
+:func:`device_member_bytes` on a GPU) and training FLOPs (:func:`flops_per_step`), and from them how many
 members one chunk holds (:func:`chunk_members`) on the CPU or on a GPU trial.
 
 The rows a step sees are its optimizer's (:func:`pipeline.train._optim.step_rows`, a
@@ -77,19 +77,18 @@ def chunk_members(
     :data:`CPU_CHUNK_WORK`) and ``execution.memory_budget_mb`` (default
     :data:`CPU_CHUNK_BUDGET_MB`) over :func:`member_bytes`. On a GPU trial of
     ``device_memory`` bytes: as many members as :data:`DEVICE_CHUNK_FRACTION` of it holds
-    at :func:`member_bytes` plus the metrics' working set (:func:`metrics_bytes`) each,
-    unless the spec sets either limit (then it applies there too): on an 80 GB card
-    about 10⁵ small members train as one ensemble.
+    at :func:`device_member_bytes` each, unless the spec sets either limit (then it applies
+    there too): on an 80 GB card some 10⁴ small members train as one ensemble with the
+    default metrics, some 10⁵ with the kernel metrics and spectra off.
     """
     cap, budget_mb = execution.max_chunk_size, execution.memory_budget_mb
-    per = member_bytes(config)
+    per = member_bytes(config) if device_memory is None else device_member_bytes(config)
     if device_memory is None:
         if cap is None:
             work = flops_per_step(config) * config.train.steps
             cap = min(max(int(CPU_CHUNK_WORK // work), CPU_CHUNK_MEMBERS), CPU_CHUNK_MAX_MEMBERS)
         budget = (CPU_CHUNK_BUDGET_MB if budget_mb is None else budget_mb) * 2**20
     else:
-        per += metrics_bytes(config)
         budget = (
             int(DEVICE_CHUNK_FRACTION * device_memory) if budget_mb is None else budget_mb * 2**20
         )
@@ -97,13 +96,47 @@ def chunk_members(
     return max(1, size if cap is None else min(cap, size))
 
 
-def metrics_bytes(config: RunConfig) -> int:
-    """Rough working set of one member's metrics at a logged step in bytes: the probe
-    activations and sensitivities (probe × Σ widths, twice), a few probe × probe kernels
-    and three copies of θ (see :func:`pipeline.train._metric_blocks.metrics_block`)."""
-    m, d = config.model, config.data
-    dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
+def metrics_working_set(
+    dims: Sequence[int],
+    probe: int,
+    itemsize: int,
+    kernels: bool = True,
+    spectra: bool = True,
+    predictor_rows: int = 0,
+    accelerated: bool = False,
+) -> int:
+    """Bytes of one member's metrics at a logged step: the probe activations and
+    sensitivities (probe × Σ widths, twice), a few probe × probe kernels (``kernels``: the
+    NTK metrics are on) and three copies of θ. ``accelerated``: besides, what the batched
+    matmul methods hold at once (:mod:`pipeline.train.metrics._squaring`, ``_subspace``,
+    ``_decay``): eight copies of the largest matrix the spectra work on (the two shifted
+    kernels, their powers and spares; the layers' shorter side squared, with ``spectra``),
+    and four of the kernel on the predictor's ``predictor_rows`` = n_train + probe inputs
+    (its set-up; 0 where the predictor is off)."""
     n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
-    probe = min(config.metrics.probe_size, d.n_test)
+    per = 2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels + 3 * n_params
+    if accelerated:
+        layers = [min(a, b) ** 2 * spectra for a, b in zip(dims[:-1], dims[1:])]
+        per += 8 * max([probe * probe * kernels, *layers]) + 4 * predictor_rows**2
+    return itemsize * per
+
+
+def device_member_bytes(config: RunConfig) -> int:
+    """Peak device memory of one member on a GPU trial in bytes: data, θ in four copies, the
+    step's activations on the training rows (three passes) and the test and probe rows'
+    (forwarded at logged steps only), and the metrics' accelerated working set
+    (:func:`metrics_working_set`). On an H200 (``benchmarks/gpu.py``) it came within a
+    factor 1.35 of the measured peak at widths 16 and 256, metrics off and default."""
+    m, d, mc = config.model, config.data, config.metrics
+    dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
+    n_params = sum(a * b + (b if m.bias else 0) for a, b in zip(dims[:-1], dims[1:]))
+    probe = min(mc.probe_size, d.n_test)
+    activations = (3 * d.n_train + d.n_test + probe) * sum(dims)
+    data = (d.n_train + d.n_test) * (d.input_dim + d.output_dim)
     itemsize = 8 if config.train.dtype == "float64" else 4
-    return itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe + 3 * n_params)
+    predictor = mc.ntk and mc.linearized and d.output_dim == 1
+    metrics = metrics_working_set(
+        dims, probe, itemsize, kernels=mc.ntk, spectra=mc.spectra,
+        predictor_rows=(d.n_train + probe) * predictor, accelerated=True,
+    )  # fmt: skip
+    return itemsize * (4 * n_params + activations + data) + metrics

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from phasesweep.pipeline.data._datasets import DataBatch
+from phasesweep.pipeline.grid._cost import metrics_working_set
 from phasesweep.pipeline.spec import MetricsConfig
 from phasesweep.pipeline.train._device import accelerated as is_accelerated
 from phasesweep.pipeline.train._models import (
@@ -45,26 +46,25 @@ def metrics_block(
     device: torch.device,
     accelerated: bool | None = None,
     kernels: bool = True,
-    n_train: int = 0,
+    spectra: bool = True,
+    predictor_rows: int = 0,
 ) -> int:
-    """Most members per block of metrics.
+    """Most members per block of metrics, each holding
+    :func:`~pipeline.grid._cost.metrics_working_set` bytes.
 
-    On CPU as many as fit :data:`METRICS_BLOCK_BYTES` (at most :data:`METRICS_BLOCK`) with
-    the probe activations and sensitivities (probe × Σ widths, twice), a few probe × probe
-    kernels (where ``kernels``: the NTK metrics are on) and three copies of θ each. ``accelerated`` (default: off the CPU): as many as
-    fit :data:`~pipeline.train._models.DEVICE_MEMORY_FRACTION` of the device's free memory with,
-    besides, eight copies of the largest matrix the batched spectra and the kernel predictor
-    hold at once (repeated squaring: the two shifted kernels, their powers and a spare;
-    ``n_train``: the predictor's n × n kernel, where it is on); no limit where the device
-    does not report it. On a GPU that is the whole chunk: a logged step costs
-    one pass of the metrics' kernels, not one per cache-sized block."""
-    n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
-    per_member = itemsize * (2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels + 3 * n_params)
-    if not (is_accelerated(device) if accelerated is None else accelerated):
+    On CPU as many as fit :data:`METRICS_BLOCK_BYTES` (at most :data:`METRICS_BLOCK`).
+    ``accelerated`` (default: off the CPU): as many as fit
+    :data:`~pipeline.train._models.DEVICE_MEMORY_FRACTION` of the device's free memory
+    with the batched methods' matrices besides (``spectra``, ``predictor_rows``: see the
+    working set); no limit where the device does not report it. On a GPU that is the
+    whole chunk: a logged step costs one pass of the metrics' kernels, not one per
+    cache-sized block."""
+    on_device = is_accelerated(device) if accelerated is None else accelerated
+    per_member = metrics_working_set(
+        dims, probe, itemsize, kernels, spectra, predictor_rows, accelerated=on_device
+    )
+    if not on_device:
         return max(1, min(METRICS_BLOCK, METRICS_BLOCK_BYTES // per_member))
-    layers = [min(a, b) ** 2 for a, b in zip(dims[:-1], dims[1:])]
-    largest = max([probe * probe * kernels, n_train * n_train] + layers)
-    per_member += itemsize * 8 * largest
     free = free_device_bytes(device)
     return sys.maxsize if free is None else max(1, int(DEVICE_MEMORY_FRACTION * free) // per_member)
 
@@ -119,7 +119,8 @@ def member_blocks(
         device,
         accelerated,
         kernels=metrics.ntk,
-        n_train=batch.x_train.shape[1] if metrics.ntk and metrics.linearized else 0,
+        spectra=metrics.spectra,
+        predictor_rows=(batch.x_train.shape[1] + probe) * (metrics.ntk and metrics.linearized),
     )
     if block >= E:
         return make(net, params0, batch)
