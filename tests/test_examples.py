@@ -36,6 +36,7 @@ SKIPPED = {
     "standing stop": "would stop the Ray that the test session shares",
     "refine quickstart": "an adaptive search of many launches: tests/test_refine.py runs it",
     "saddle_escape": "trains for long (its own tests run it shortened)",
+    "gallery --full": "every result at its paper's range: hours (tests/test_gallery.py checks each)",
 }
 
 #: The quickstart as scripts/quickstart runs it.
