@@ -37,7 +37,11 @@ def test_the_wheel_holds_every_module_of_the_layout_under_phasesweep(tmp_path):
     assert done.returncode == 0, done.stderr
     wheel = zipfile.ZipFile(tmp_path / "dist" / done.stdout.split()[-1])
     packaged = {n for n in wheel.namelist() if n.startswith("phasesweep/")}
-    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "phasesweep").glob("*.py")}
+    expected = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "phasesweep").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     for folder in FOLDERS:
         expected |= {
             f"phasesweep/{p.relative_to(ROOT).as_posix()}"
