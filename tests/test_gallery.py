@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from phasesweep.storage import Store
+from phasesweep.storage import Store, open_catalog
 from scipy import stats
 from sweep_runner import store_sweep
 
@@ -37,6 +37,26 @@ def test_loglog_fit_recovers_an_exact_power_law_and_drops_non_positive_values():
     assert fit.n == 5
     assert fit.estimate == pytest.approx(-0.5, abs=1e-12)
     assert fit.high - fit.low < 1e-9
+
+
+def test_a_grouped_slope_is_the_dummy_variable_least_squares_slope_and_interval():
+    rng = np.random.default_rng(1)
+    groups = np.repeat([0, 1, 2], 5)
+    x = np.tile(np.linspace(-1, 1, 5), 3) + 0.1 * rng.standard_normal(15)
+    y = np.array([3.0, -1.0, 0.5])[groups] + 0.8 * x + 0.05 * rng.standard_normal(15)
+    fit = slope_interval(x, y, groups.astype(str))
+    # closed form: one intercept column per group and x; the slope's variance from LAPACK
+    design = np.column_stack([groups == 0, groups == 1, groups == 2, x]).astype(float)
+    coef, rss, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = 15 - 4
+    var = rss[0] / dof * np.linalg.inv(design.T @ design)[3, 3]
+    half = stats.t.ppf(0.975, dof) * np.sqrt(var)
+    assert fit.estimate == pytest.approx(coef[3], rel=1e-10)
+    assert (fit.low, fit.high) == pytest.approx((coef[3] - half, coef[3] + half), rel=1e-10)
+    assert fit.intercept == pytest.approx(coef[:3].mean(), rel=1e-10)
+    # one group per point leaves no degree of freedom
+    with pytest.raises(ValueError, match="degree of freedom"):
+        slope_interval(x[:4], y[:4], np.arange(4))
 
 
 def test_a_slope_needs_three_points_at_two_x_values():
@@ -115,3 +135,28 @@ def test_escape_time_exponents_by_depth(tmp_path):
     )
     assert len(evaluation.checks) == 3
     assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_balance_defect_exponent_in_lr_read_by_sql_at_fixed_time(tmp_path):
+    evaluation = _reproduced(tmp_path, "balance", ["grid.depth=[3]"])
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption
+    # the SQL's interpolation at t = 2 against numpy's, from the raw tables
+    con = open_catalog(Store.open(str(tmp_path / "store")))
+    raw = con.execute(
+        "SELECT r.lr, r.seed, r.activation, l.layer, t.time, abs(l.balance_defect) AS d "
+        "FROM layers l JOIN trajectories t USING (run_id, step) JOIN runs r USING (run_id) "
+        "WHERE l.layer < r.depth ORDER BY t.time"
+    ).df()
+    con.close()
+    frame = evaluation.frame
+    assert len(frame) == raw.groupby(["lr", "seed", "activation", "layer"]).ngroups == 32
+    for row in frame.itertuples():
+        grp = raw[
+            (raw.lr == row.lr)
+            & (raw.seed == row.seed)
+            & (raw.activation == row.activation)
+            & (raw.layer == row.layer)
+        ]
+        assert row.defect_at_t == pytest.approx(np.interp(2.0, grp.time, grp.d), rel=1e-9)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phasesweep._config import SpecError
-from phasesweep._gallery import escape_time, lazy_training
+from phasesweep._gallery import balance, escape_time, lazy_training
 from phasesweep._gallery._result import Result
 
 if TYPE_CHECKING:
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from phasesweep._gallery._fit import Check
 
 #: Every result, by name, in the order ``--list`` shows them (cheapest first).
-RESULTS: dict[str, Result] = {r.name: r for r in (lazy_training.RESULT, escape_time.RESULT)}
+RESULTS: dict[str, Result] = {
+    r.name: r for r in (lazy_training.RESULT, balance.RESULT, escape_time.RESULT)
+}
 
 
 def select(names: Sequence[str]) -> list[Result]:
