@@ -88,6 +88,25 @@ def test_a_check_passes_when_its_interval_reaches_the_tolerance_band(low, high, 
     assert check.line().endswith("pass" if passed else "FAIL")
 
 
+def test_the_limit_kernel_is_the_mean_of_a_wide_two_layer_relu_nets_tangent_kernel():
+    from phasesweep._gallery.ntk_gram import limit_kernel
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 4))
+    m, d = 400_000, 4
+    w, a = rng.standard_normal((m, d)), rng.standard_normal(m)
+    z = x @ w.T / np.sqrt(d)  # (P, m) pre-activations
+    on = (z > 0).astype(float)
+    # the Jacobian's inner products, neuron by neuron: ∂f/∂w_r = a_r 1{z>0} x/√(dm),
+    # ∂f/∂a_r = relu(z)/√m
+    monte_carlo = ((on * a**2) @ on.T) * (x @ x.T) / d / m + np.maximum(z, 0) @ np.maximum(
+        z, 0
+    ).T / m
+    exact = limit_kernel(x)
+    assert np.abs(monte_carlo - exact).max() < 10 / np.sqrt(m) * np.abs(exact).max()
+    assert np.linalg.eigvalsh(exact).min() > 0
+
+
 def test_every_result_is_listed_once_by_its_name_with_paper_size_and_time():
     lines = [listing(r) for r in RESULTS.values()]
     assert [line.split()[0] for line in lines] == list(RESULTS)
@@ -160,3 +179,18 @@ def test_balance_defect_exponent_in_lr_read_by_sql_at_fixed_time(tmp_path):
             & (raw.layer == row.layer)
         ]
         assert row.defect_at_t == pytest.approx(np.interp(2.0, grp.time, grp.d), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_ntk_eigenvalue_gaps_shrink_like_width_to_the_minus_half(tmp_path):
+    evaluation = _reproduced(
+        tmp_path, "ntk_gram", ["grid.width=[256, 1024, 4096, 16384]", "grid.seed={range: [0, 8]}"]
+    )
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption
+    # the closed form on the rebuilt probe set is what the widest nets' kernels approach
+    from phasesweep._gallery.ntk_gram import with_gaps
+
+    widest = with_gaps(evaluation.frame).query("width == 16384")
+    assert np.allclose(widest.ntk_eig_min, widest.limit_min, rtol=0.1)
+    assert np.allclose(widest.ntk_eig_max, widest.limit_max, rtol=0.05)
