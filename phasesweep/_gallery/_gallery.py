@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phasesweep._config import SpecError
-from phasesweep._gallery import balance, escape_time, lazy_training, ntk_gram
+from phasesweep._gallery import balance, biasfree_time, escape_time, lazy_training, ntk_gram
 from phasesweep._gallery._result import Result
 
 if TYPE_CHECKING:
@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
 #: Every result, by name, in the order ``--list`` shows them (cheapest first).
 RESULTS: dict[str, Result] = {
-    r.name: r for r in (lazy_training.RESULT, ntk_gram.RESULT, balance.RESULT, escape_time.RESULT)
+    r.name: r
+    for r in (
+        lazy_training.RESULT,
+        ntk_gram.RESULT,
+        balance.RESULT,
+        biasfree_time.RESULT,
+        escape_time.RESULT,
+    )
 }
 
 
