@@ -214,3 +214,18 @@ def test_biasfree_time_ratio_exponent_follows_the_same_init_delay(tmp_path):
     # Theorem 8's exponent 1 alone misses at g = 1e-4: the same init delays the ReLU net
     fit = next(c.fit for c in evaluation.checks if c.label.startswith("g = 1e-04"))
     assert fit.low > 1.01
+
+
+@pytest.mark.slow
+def test_transversal_variation_exponents_in_sigma_and_sample_size(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "transversal",
+        [
+            "grid={activation: [linear], depth: [2], noise_sigma: [0.3, 1.0], "
+            "data.n_train: [32, 128, 512], seed: [0, 1, 2]}",
+            "train.steps=4000",
+        ],
+    )
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phasesweep._config import SpecError
-from phasesweep._gallery import balance, biasfree_time, escape_time, lazy_training, ntk_gram
+from phasesweep._gallery import (
+    balance,
+    biasfree_time,
+    escape_time,
+    lazy_training,
+    ntk_gram,
+    transversal,
+)
 from phasesweep._gallery._result import Result
 
 if TYPE_CHECKING:
@@ -30,6 +37,7 @@ RESULTS: dict[str, Result] = {
         ntk_gram.RESULT,
         balance.RESULT,
         biasfree_time.RESULT,
+        transversal.RESULT,
         escape_time.RESULT,
     )
 }
