@@ -37,8 +37,8 @@ RESULTS: dict[str, Result] = {
         ntk_gram.RESULT,
         balance.RESULT,
         biasfree_time.RESULT,
-        transversal.RESULT,
         escape_time.RESULT,
+        transversal.RESULT,
     )
 }
 
