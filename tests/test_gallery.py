@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from phasesweep.storage import Store
+from phasesweep.storage import Store, open_catalog
 from scipy import stats
 from sweep_runner import store_sweep
 
@@ -39,6 +39,26 @@ def test_loglog_fit_recovers_an_exact_power_law_and_drops_non_positive_values():
     assert fit.high - fit.low < 1e-9
 
 
+def test_a_grouped_slope_is_the_dummy_variable_least_squares_slope_and_interval():
+    rng = np.random.default_rng(1)
+    groups = np.repeat([0, 1, 2], 5)
+    x = np.tile(np.linspace(-1, 1, 5), 3) + 0.1 * rng.standard_normal(15)
+    y = np.array([3.0, -1.0, 0.5])[groups] + 0.8 * x + 0.05 * rng.standard_normal(15)
+    fit = slope_interval(x, y, groups.astype(str))
+    # closed form: one intercept column per group and x; the slope's variance from LAPACK
+    design = np.column_stack([groups == 0, groups == 1, groups == 2, x]).astype(float)
+    coef, rss, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = 15 - 4
+    var = rss[0] / dof * np.linalg.inv(design.T @ design)[3, 3]
+    half = stats.t.ppf(0.975, dof) * np.sqrt(var)
+    assert fit.estimate == pytest.approx(coef[3], rel=1e-10)
+    assert (fit.low, fit.high) == pytest.approx((coef[3] - half, coef[3] + half), rel=1e-10)
+    assert fit.intercept == pytest.approx(coef[:3].mean(), rel=1e-10)
+    # one group per point leaves no degree of freedom
+    with pytest.raises(ValueError, match="degree of freedom"):
+        slope_interval(x[:4], y[:4], np.arange(4))
+
+
 def test_a_slope_needs_three_points_at_two_x_values():
     with pytest.raises(ValueError, match="≥ 3 points"):
         slope_interval([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
@@ -66,6 +86,25 @@ def test_a_check_passes_when_its_interval_reaches_the_tolerance_band(low, high, 
     )
     assert check.passed is passed
     assert check.line().endswith("pass" if passed else "FAIL")
+
+
+def test_the_limit_kernel_is_the_mean_of_a_wide_two_layer_relu_nets_tangent_kernel():
+    from phasesweep._gallery.ntk_gram import limit_kernel
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 4))
+    m, d = 400_000, 4
+    w, a = rng.standard_normal((m, d)), rng.standard_normal(m)
+    z = x @ w.T / np.sqrt(d)  # (P, m) pre-activations
+    on = (z > 0).astype(float)
+    # the Jacobian's inner products, neuron by neuron: ∂f/∂w_r = a_r 1{z>0} x/√(dm),
+    # ∂f/∂a_r = relu(z)/√m
+    monte_carlo = ((on * a**2) @ on.T) * (x @ x.T) / d / m + np.maximum(z, 0) @ np.maximum(
+        z, 0
+    ).T / m
+    exact = limit_kernel(x)
+    assert np.abs(monte_carlo - exact).max() < 10 / np.sqrt(m) * np.abs(exact).max()
+    assert np.linalg.eigvalsh(exact).min() > 0
 
 
 def test_every_result_is_listed_once_by_its_name_with_paper_size_and_time():
@@ -114,4 +153,79 @@ def test_escape_time_exponents_by_depth(tmp_path):
         ["grid.depth=[2, 3, 4]", "grid.init_scale={logspace: [-4, -1, 4]}", "grid.seed=[0, 1]"],
     )
     assert len(evaluation.checks) == 3
+    assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_balance_defect_exponent_in_lr_read_by_sql_at_fixed_time(tmp_path):
+    evaluation = _reproduced(tmp_path, "balance", ["grid.depth=[3]"])
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption
+    # the SQL's interpolation at t = 2 against numpy's, from the raw tables
+    con = open_catalog(Store.open(str(tmp_path / "store")))
+    raw = con.execute(
+        "SELECT r.lr, r.seed, r.activation, l.layer, t.time, abs(l.balance_defect) AS d "
+        "FROM layers l JOIN trajectories t USING (run_id, step) JOIN runs r USING (run_id) "
+        "WHERE l.layer < r.depth ORDER BY t.time"
+    ).df()
+    con.close()
+    frame = evaluation.frame
+    assert len(frame) == raw.groupby(["lr", "seed", "activation", "layer"]).ngroups == 32
+    for row in frame.itertuples():
+        grp = raw[
+            (raw.lr == row.lr)
+            & (raw.seed == row.seed)
+            & (raw.activation == row.activation)
+            & (raw.layer == row.layer)
+        ]
+        assert row.defect_at_t == pytest.approx(np.interp(2.0, grp.time, grp.d), rel=1e-9)
+
+
+@pytest.mark.slow
+def test_ntk_eigenvalue_gaps_shrink_like_width_to_the_minus_half(tmp_path):
+    evaluation = _reproduced(
+        tmp_path, "ntk_gram", ["grid.width=[256, 1024, 4096, 16384]", "grid.seed={range: [0, 8]}"]
+    )
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption
+    # the closed form on the rebuilt probe set is what the widest nets' kernels approach
+    from phasesweep._gallery.ntk_gram import with_gaps
+
+    widest = with_gaps(evaluation.frame).query("width == 16384")
+    assert np.allclose(widest.ntk_eig_min, widest.limit_min, rtol=0.1)
+    assert np.allclose(widest.ntk_eig_max, widest.limit_max, rtol=0.05)
+
+
+@pytest.mark.slow
+def test_biasfree_time_ratio_exponent_follows_the_same_init_delay(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "biasfree_time",
+        [
+            "grid={data.kind: [symmetric], leaky_slope: [0.0, 0.25, 0.5, 1.0], "
+            "init_scale: [1.0e-4, 1.0e-6], seed: [0]}"
+        ],
+    )
+    frame = evaluation.frame
+    assert len(frame) == 6  # one row per (g, α < 1), joined with its linear net
+    assert np.allclose(frame.time_ratio, frame.t_leaky / frame.t_linear)
+    assert len(evaluation.checks) == 2
+    assert evaluation.passed, evaluation.caption
+    # Theorem 8's exponent 1 alone misses at g = 1e-4: the same init delays the ReLU net
+    fit = next(c.fit for c in evaluation.checks if c.label.startswith("g = 1e-04"))
+    assert fit.low > 1.01
+
+
+@pytest.mark.slow
+def test_transversal_variation_exponents_in_sigma_and_sample_size(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "transversal",
+        [
+            "grid={activation: [linear], depth: [2], noise_sigma: [0.3, 1.0], "
+            "data.n_train: [32, 128, 512], seed: [0, 1, 2]}",
+            "train.steps=4000",
+        ],
+    )
+    assert len(evaluation.checks) == 2
     assert evaluation.passed, evaluation.caption

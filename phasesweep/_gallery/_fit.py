@@ -31,29 +31,48 @@ class Fit:
     n: int
 
 
-def slope_interval(x: np.ndarray, y: np.ndarray) -> Fit:
+def slope_interval(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> Fit:
     """Least-squares line ``y = intercept + slope x`` over all points (shape (n,), n ≥ 3,
     at least two distinct x) and the Student-t interval of the slope.
 
-    Raises ValueError with fewer than 3 finite points or a single x value: no interval
-    can be stated then.
+    ``groups`` (shape (n,), any labels) gives each group its own intercept and one common
+    slope (the fixed-effects fit: x and y centred within each group, n − groups − 1
+    degrees of freedom); for series whose constants differ (layers, seeds) while the
+    exponent is shared. ``intercept`` is then the mean of the groups' intercepts.
+
+    Raises ValueError with fewer than 3 finite points, a single x value within every
+    group, or no degree of freedom left: no interval can be stated then.
     """
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    labels = np.zeros(len(x), np.int64) if groups is None else np.asarray(groups)
     ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3 or np.ptp(x) == 0:
-        raise ValueError(f"a slope with an interval needs ≥ 3 points at ≥ 2 x values, got {len(x)}")
-    res = stats.linregress(x, y)
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 2) * res.stderr)
-    return Fit(float(res.slope), res.slope - half, res.slope + half, float(res.intercept), len(x))
+    x, y, labels = x[ok], y[ok], labels[ok]
+    codes = np.unique(labels, return_inverse=True)[1].ravel()
+    counts = np.bincount(codes)
+    x_mean, y_mean = np.bincount(codes, x) / counts, np.bincount(codes, y) / counts
+    dx, dy = x - x_mean[codes], y - y_mean[codes]
+    sxx = float(dx @ dx)
+    dof = len(x) - len(counts) - 1
+    if len(x) < 3 or dof < 1 or sxx == 0:
+        raise ValueError(
+            f"a slope with an interval needs ≥ 3 points at ≥ 2 x values and a degree of "
+            f"freedom, got {len(x)} points in {len(counts)} groups"
+        )
+    slope = float(dx @ dy) / sxx
+    stderr = np.sqrt(float(np.sum((dy - slope * dx) ** 2)) / dof / sxx)
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * stderr)
+    intercept = float(np.mean(y_mean - slope * x_mean))
+    return Fit(slope, slope - half, slope + half, intercept, len(x))
 
 
-def loglog_fit(x: np.ndarray, y: np.ndarray) -> Fit:
-    """:func:`slope_interval` of ``log y`` against ``log x`` (the exponent of a power law);
-    non-positive values are left out (a log cannot hold them)."""
+def loglog_fit(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> Fit:
+    """:func:`slope_interval` of ``log y`` against ``log x`` (the exponent of a power law;
+    ``groups``: each its own constant); non-positive values are left out (a log cannot
+    hold them)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     ok = (x > 0) & (y > 0)
-    return slope_interval(np.log(x[ok]), np.log(y[ok]))
+    labels = None if groups is None else np.asarray(groups)[ok]
+    return slope_interval(np.log(x[ok]), np.log(y[ok]), labels)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phasesweep._config import SpecError
-from phasesweep._gallery import escape_time, lazy_training
+from phasesweep._gallery import (
+    balance,
+    biasfree_time,
+    escape_time,
+    lazy_training,
+    ntk_gram,
+    transversal,
+)
 from phasesweep._gallery._result import Result
 
 if TYPE_CHECKING:
@@ -23,7 +30,17 @@ if TYPE_CHECKING:
     from phasesweep._gallery._fit import Check
 
 #: Every result, by name, in the order ``--list`` shows them (cheapest first).
-RESULTS: dict[str, Result] = {r.name: r for r in (lazy_training.RESULT, escape_time.RESULT)}
+RESULTS: dict[str, Result] = {
+    r.name: r
+    for r in (
+        lazy_training.RESULT,
+        ntk_gram.RESULT,
+        balance.RESULT,
+        biasfree_time.RESULT,
+        escape_time.RESULT,
+        transversal.RESULT,
+    )
+}
 
 
 def select(names: Sequence[str]) -> list[Result]:
