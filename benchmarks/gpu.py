@@ -52,7 +52,7 @@ import torch
 from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size
 from phasesweep.pipeline.grid._cost import device_member_bytes
 from phasesweep.pipeline.run._plan import expand_task, plan_chunks
-from phasesweep.pipeline.spec import SweepSpec, validate_spec
+from phasesweep.pipeline.spec import SweepSpec
 from phasesweep.pipeline.train._trainer import HOOK_EVERY, ChunkTrainer
 from phasesweep.storage.schema import log_steps
 
@@ -96,20 +96,10 @@ def grid_spec(
     width: int, depth: int, steps: int, log_points: int, metrics: dict, seeds: int = SEEDS
 ) -> SweepSpec:
     """The benchmark's grid (module docstring): :data:`INIT_SCALES` × ``seeds`` points."""
-    raw = {
-        "name": "gpu",
-        "model": {"depth": depth, "width": width, "activation": "relu", "bias": False},
-        "data": {"kind": "teacher", "n_train": 64, "n_test": 128, "input_dim": 10},
-        "train": {
-            "steps": steps,
-            "lr": 0.05,
-            "log_points": log_points,
-            "lr_scaling": {"init_scale_depth_power": -2.0, "init_scale_floor": 1.0},
-        },
-        "metrics": metrics,
-        "grid": {"init_scale": {"logspace": [-2, 0.5, INIT_SCALES]}, "seed": list(range(seeds))},
-    }
-    return validate_spec(raw)
+    return training.grid_spec(
+        INIT_SCALES * seeds, steps, width=width, depth=depth, n_train=64, log_points=log_points,
+        name="gpu", metrics=metrics, scales=INIT_SCALES, n_test=128,
+    )  # fmt: skip
 
 
 def spec_for(members: int, width: int, depth: int, steps: int, log_points: int, **metrics):

@@ -45,13 +45,17 @@ def grid_spec(
     log_points: int = 100,
     name: str = "bench",
     metrics: dict[str, Any] | None = None,
+    scales: int = 16,
+    n_test: int | None = None,
 ) -> SweepSpec:
-    """A lazy-vs-rich grid: ``points`` = init scales (up to 16, 10^-2 … 10^0.5) × seeds.
+    """A lazy-vs-rich grid: ``points`` = init scales (up to ``scales``, 10^-2 … 10^0.5) ×
+    seeds.
 
-    Teacher data, NTK parameterization, bias-free ReLU, full-batch GD with the
-    learning rate scaled down for large inits (no member diverges), float64.
+    Teacher data (``n_test`` test points, default the spec's), NTK parameterization,
+    bias-free ReLU, full-batch GD with the learning rate scaled down for large inits (no
+    member diverges), float64.
     """
-    n_scales = min(16, points)
+    n_scales = min(scales, points)
     if points % n_scales:
         raise ValueError(f"points must be a multiple of {n_scales}, got {points}")
     raw: dict[str, Any] = {
@@ -71,6 +75,8 @@ def grid_spec(
     }
     if metrics is not None:
         raw["metrics"] = metrics
+    if n_test is not None:
+        raw["data"]["n_test"] = n_test
     return validate_spec(raw)
 
 
