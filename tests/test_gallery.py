@@ -229,3 +229,30 @@ def test_transversal_variation_exponents_in_sigma_and_sample_size(tmp_path):
     )
     assert len(evaluation.checks) == 2
     assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_biasfree_plateau_lasts_one_over_delta_read_by_sql(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "biasfree_plateau",
+        [
+            "grid={data.kind: [perturbed_symmetric], data.delta: [0.025, 0.05, 0.1], "
+            "leaky_slope: [0.0, 1.0], seed: [0]}"
+        ],
+    )
+    frame = evaluation.frame
+    assert len(frame) == 3  # one row per ReLU run, joined with its linear net
+    # the level read from the linear net is the least-squares loss of the six points
+    for row in frame.itertuples():
+        x = np.array([[1, 1], [-1, -1], [1, -1], [-1, 1], [-1, 0], [1, row.delta]])
+        y = np.array([1.0, -1, 1, -1, 1, -1])
+        residual = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
+        assert row.level == pytest.approx(0.5 * np.mean(residual**2), abs=1e-4)
+    assert np.allclose(frame.l0, 0.5, rtol=1e-6)  # f(x) ≈ 0 at init: L0 = mean(y²)/2
+    # reached at the linear net's transition whatever δ, left later the smaller δ
+    assert np.ptp(frame.t_reach) < 0.1 * frame.t_reach.mean()
+    assert frame.sort_values("delta").t_leave.is_monotonic_decreasing
+    assert len(evaluation.checks) == 1
+    assert evaluation.passed, evaluation.caption
+    assert evaluation.checks[0].fit.estimate == pytest.approx(-1.0, abs=0.12)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from phasesweep._config import SpecError
 from phasesweep._gallery import (
     balance,
+    biasfree_plateau,
     biasfree_time,
     escape_time,
     lazy_training,
@@ -39,6 +40,7 @@ RESULTS: dict[str, Result] = {
         biasfree_time.RESULT,
         escape_time.RESULT,
         transversal.RESULT,
+        biasfree_plateau.RESULT,
     )
 }
 
