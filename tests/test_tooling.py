@@ -48,7 +48,11 @@ def test_the_wheel_holds_every_module_of_the_layout_under_phasesweep(tmp_path):
             for p in (ROOT / folder).rglob("*.py")
             if "__pycache__" not in p.parts
         }
+    # the gallery's ready sweeps, copied through the link phasesweep/_gallery/sweeps
+    expected |= {f"phasesweep/_gallery/sweeps/{p.name}" for p in (ROOT / "sweeps").glob("*.yaml")}
     assert packaged == expected
+    info = wheel.getinfo("phasesweep/_gallery/sweeps/quickstart.yaml")
+    assert wheel.read(info) == (ROOT / "sweeps" / "quickstart.yaml").read_bytes()
     for folder in FOLDERS:  # copies of the files, not links
         info = wheel.getinfo(f"phasesweep/{folder}/__init__.py")
         assert wheel.read(info) == (ROOT / folder / "__init__.py").read_bytes()

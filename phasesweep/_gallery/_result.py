@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
     from phasesweep._gallery._fit import Check
 
-#: The ready sweeps a result starts from (``sweeps/`` of the source tree).
-SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+#: The ready sweeps a result starts from: ``sweeps/`` of the source tree, through the link
+#: ``phasesweep/_gallery/sweeps``, which a wheel packages as a copy.
+SWEEPS = Path(__file__).resolve().parent / "sweeps"
 
 
 @dataclass(frozen=True)
