@@ -8,6 +8,7 @@ torch.func, spectra from numpy.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -410,6 +411,46 @@ def test_dead_units_on_positive_inputs():
     out = rec.record(moved, params)[0]
     np.testing.assert_allclose(out["act_flip_frac"].numpy(), [1 / m, 1 / m])
     np.testing.assert_allclose(out["dead_frac"].numpy(), (np.array(n_dead) + 1) / m)
+
+
+def test_references_at_step_0_come_from_its_own_forward():
+    """Step 0 recorded first (θ_0 = θ(0)): the references at θ(0) (sign pattern, kernel) are
+    taken from that step's probe forward, one forward per record; a later step's values
+    are those of a recorder that computes its references from θ(0) itself."""
+    from phasesweep.pipeline.data._datasets import DataBatch
+
+    E, d, m, n = 3, 4, 8, 12
+    gen = torch.Generator().manual_seed(1)
+    cfg = ModelConfig(depth=3, width=m, activation="relu", bias=False, parameterization="ntk")
+    net = EnsembleMLP(cfg, d, 1)
+    params0 = init_params(net, [cfg] * E, list(range(E)))
+    x = torch.randn(E, n, d, generator=gen, dtype=F64)
+    batch = DataBatch(x, x[..., :1].sin(), x, x[..., :1].sin(), None, 1)
+    moved = params0.clone()
+    for w in moved.weights:
+        w.add_(0.3 * torch.randn(w.shape, generator=gen, dtype=F64))
+    metrics = validate_spec({"name": "x"}).metrics
+    forwards = []
+
+    def recorder() -> MetricRecorder:
+        rec = MetricRecorder(net, params0, batch, metrics)
+        forward = rec.net.forward
+        rec.net = copy.copy(net)
+        rec.net.forward = lambda *a, **k: forwards.append(1) or forward(*a, **k)
+        return rec
+
+    first = recorder()
+    forwards.clear()
+    at0 = first.record(params0.clone(), params0, step=0)[0]
+    assert len(forwards) == 1
+    assert (at0["act_flip_frac"] == 0).all() and (at0["kernel_rel_change"] == 0).all()
+    later = first.record(moved, moved, step=5)[0]
+    assert len(forwards) == 2
+    reference = recorder().record(moved, moved, step=5)[0]
+    assert len(forwards) == 4  # its references at θ(0), then the step
+    assert later.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(later[key], value, rtol=0, atol=0, equal_nan=True, msg=key)
 
 
 @pytest.mark.parametrize("activation,depth", [("linear", 3), ("relu", 1), ("tanh", 2)])

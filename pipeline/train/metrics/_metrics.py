@@ -230,16 +230,15 @@ class MetricRecorder:
             dead = torch.as_tensor(act.dead(net.slope), device=batch.x_test.device)
             self.dead_ok = dead.reshape(-1).expand(batch.x_test.shape[0])
 
-        fwd0 = net.forward(self.params0, self.probe_x)
-        self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
+        # the references at θ(0), the sign pattern and the kernel, are taken from the
+        # first recorded step's forward when that step is 0 (θ_0 = θ(0): one forward and
+        # one kernel fewer per chunk), else from θ(0) when first needed (:meth:`_reference`)
+        self.signs0: list[Tensor] | None = None
+        self.k0: Tensor | None = None
         # the NTK's first-layer inner product of the probe inputs: fixed, so computed once
         self.input_gram = None
-        self.k0 = None
         if cfg.ntk:
             self.input_gram = layer_inner(net, self.probe_x, 0, params0.biases is not None)
-            self.k0 = empirical_ntk(
-                net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
-            )
         self.flow: KernelFlow | None = None
         n, k_out = batch.x_train.shape[1], batch.y_train.shape[2]
         if cfg.ntk and cfg.linearized and k_out == 1 and n <= LINEARIZED_MAX_TRAIN:
@@ -297,7 +296,8 @@ class MetricRecorder:
 
         ``time`` (E,): the gradient-flow time of the step (for the kernel predictor; without
         it the predictor's columns are left out). ``step``: the logged step; the singular values and the kernel's eigenvalues are NaN
-        at steps the budget leaves out. The weights' norms and their distances from θ(0)
+        at steps the budget leaves out; at step 0 ``params`` are θ(0) (as the trainer's
+        are), whose probe forward and kernel become the references of the later steps. The weights' norms and their distances from θ(0)
         serve both tables and are computed once.
         """
         w = params.weights
@@ -310,7 +310,7 @@ class MetricRecorder:
                 norm_sq = norm_sq + member_sq_norm(b)
                 diff_sq = diff_sq + member_sq_norm(b - b0)
         spectra = self._spectra_now(step)
-        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra, time)
+        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra, time, step)
         return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, spectra)
 
     def _trajectory(
@@ -321,6 +321,7 @@ class MetricRecorder:
         diff: Tensor,
         spectra: bool,
         time: Tensor | None = None,
+        step: int | None = None,
     ) -> dict[str, Tensor]:
         net = self.net
         out: dict[str, Tensor] = {
@@ -329,6 +330,11 @@ class MetricRecorder:
             "grad_norm": grads.sq_norm().sqrt(),
         }
         fwd = net.forward(params, self.probe_x)
+        k = None
+        if self.cfg.ntk:
+            k = empirical_ntk(net, params, self.probe_x, fwd=fwd, input_gram=self.input_gram)
+        if self._reference_missing():
+            self._reference(*((fwd, k) if step == 0 else ()))
         f = fwd.output
         out["output_norm"] = f.square().mean((1, 2)).sqrt()
         out["probe_test_loss"] = 0.5 * (f - self.probe_y).square().sum(2).mean(1)
@@ -337,8 +343,7 @@ class MetricRecorder:
             out["lin_test_loss"] = 0.5 * (f_lin - self.probe_y).square().sum(2).mean(1)
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
-        if self.k0 is not None:
-            k = empirical_ntk(net, params, self.probe_x, fwd=fwd, input_gram=self.input_gram)
+        if k is not None and self.k0 is not None:
             out["kernel_distance"] = kernel_distance(k, self.k0)
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
@@ -387,6 +392,27 @@ class MetricRecorder:
 
         out["balance_defect"] = self._balance(params, fro)
         return out
+
+    def _reference_missing(self) -> bool:
+        """Whether the references at θ(0) (sign pattern, kernel) are still to be taken."""
+        return (self.has_pattern and self.signs0 is None) or (self.cfg.ntk and self.k0 is None)
+
+    def _reference(self, fwd0: Forward | None = None, k0: Tensor | None = None) -> None:
+        """Take the references at θ(0): from ``fwd0`` and ``k0``, the probe forward and the
+        kernel of a step whose parameters are θ(0) (step 0: the trainer starts from a copy
+        of θ(0), so they are the same numbers), else computed from θ(0) here."""
+        if fwd0 is None:
+            fwd0 = self.net.forward(self.params0, self.probe_x)
+        if self.has_pattern:
+            self.signs0 = hidden_signs(fwd0)
+        if self.cfg.ntk:
+            self.k0 = (
+                k0
+                if k0 is not None
+                else empirical_ntk(
+                    self.net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
+                )
+            )
 
     def _spectra_now(self, step: int | None) -> bool:
         return self.spectra_steps is None or step is None or step in self.spectra_steps
