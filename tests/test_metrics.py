@@ -619,6 +619,32 @@ def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last(ntk):
         assert traj.kernel_distance.notna().all()
 
 
+def test_a_run_too_short_for_two_steps_of_spectra_keeps_the_last_svd_and_two_eigenvalues():
+    """Fewer than 2 logged steps of spectra fit the budget: the singular values are kept
+    at the last logged step only, the kernel's eigenvalues at the first and the last."""
+    spec = _spec(
+        model={"depth": 3, "width": 96},
+        train={"steps": 30, "log_points": 6, "lr": 0.02},
+        metrics={"spectra_budget": 0.1, "probe_size": 16},
+    )
+    dims = [5, 96, 96, 1]
+    per_log = 2 * sum(36 * min(a, b) ** 2 * max(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    per_log += 24 * 16**3
+    train = 6 * 16 * sum(a * b for a, b in zip(dims[:-1], dims[1:])) * 30
+    assert 0.1 * train // per_log < 2
+    (chunk,) = make_chunks(expand(spec), spec)
+    tables = train_chunk(chunk)
+    layers = _by(tables["layers"], ["step", "layer"])
+    traj = _by(tables["trajectories"], ["step"])
+    steps = sorted(traj.step)
+    assert len(steps) > 2
+    svd = layers.groupby("step").stable_rank.apply(lambda s: s.notna().all())
+    assert list(svd.index[svd]) == [steps[-1]]
+    assert layers[layers.step < steps[-1]].top_sv.isna().all()
+    eig = traj[["ntk_eig_min", "ntk_eig_max"]].notna().all(axis=1)
+    assert list(traj.step[eig]) == [steps[0], steps[-1]]
+
+
 @pytest.mark.parametrize("activation", ["linear", "relu"])
 def test_even_part_is_recorded_for_symmetric_data_by_default(activation):
     spec = _spec(

@@ -254,14 +254,20 @@ class MetricRecorder:
         if act.identity and net.depth > 1:
             self.balance0_matrix = initial_balance_matrices(self.params0)
 
-        # the logged steps that get singular values and kernel eigenvalues (None: every call)
-        self.spectra_steps: set[int] | None = None
+        # the logged steps that get singular values and kernel eigenvalues (None: every
+        # call): the same steps while 2 or more fit the budget; below that the singular
+        # values at the last logged step only (step 0's ΔW is zero, and the figures read
+        # the spectra of t > 0), the kernel's eigenvalues at the first and the last
+        self.svd_steps: set[int] | None = None
+        self.eig_steps: set[int] | None = None
         per_log = (2 * svd_work(net.dims, accelerated, cfg.top_k) if cfg.spectra else 0.0) + (
             eig_work(P, accelerated) if cfg.ntk else 0.0
         )
         if per_log and cfg.spectra_budget is not None and logged_steps and train_flops:
             steps = sorted(int(k) for k in logged_steps)
-            self.spectra_steps = spectra_schedule(steps, per_log, train_flops, cfg.spectra_budget)
+            budget = (steps, per_log, train_flops, cfg.spectra_budget)
+            self.svd_steps = spectra_schedule(*budget, least=(-1,))
+            self.eig_steps = spectra_schedule(*budget)
 
     @classmethod
     def for_run(
@@ -309,9 +315,10 @@ class MetricRecorder:
             for b, b0 in zip(params.biases, self.params0.biases):
                 norm_sq = norm_sq + member_sq_norm(b)
                 diff_sq = diff_sq + member_sq_norm(b - b0)
-        spectra = self._spectra_now(step)
-        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra, time, step)
-        return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, spectra)
+        eig = self._scheduled(self.eig_steps, step)
+        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), eig, time, step)
+        svd = self._scheduled(self.svd_steps, step)
+        return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, svd)
 
     def _trajectory(
         self,
@@ -414,8 +421,9 @@ class MetricRecorder:
                 )
             )
 
-    def _spectra_now(self, step: int | None) -> bool:
-        return self.spectra_steps is None or step is None or step in self.spectra_steps
+    @staticmethod
+    def _scheduled(steps: set[int] | None, step: int | None) -> bool:
+        return steps is None or step is None or step in steps
 
     def _balance(self, params: Params, fro: Tensor) -> Tensor:
         E, L = fro.shape
