@@ -8,6 +8,7 @@ torch.func, spectra from numpy.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -412,6 +413,46 @@ def test_dead_units_on_positive_inputs():
     np.testing.assert_allclose(out["dead_frac"].numpy(), (np.array(n_dead) + 1) / m)
 
 
+def test_references_at_step_0_come_from_its_own_forward():
+    """Step 0 recorded first (θ_0 = θ(0)): the references at θ(0) (sign pattern, kernel) are
+    taken from that step's probe forward, one forward per record; a later step's values
+    are those of a recorder that computes its references from θ(0) itself."""
+    from phasesweep.pipeline.data._datasets import DataBatch
+
+    E, d, m, n = 3, 4, 8, 12
+    gen = torch.Generator().manual_seed(1)
+    cfg = ModelConfig(depth=3, width=m, activation="relu", bias=False, parameterization="ntk")
+    net = EnsembleMLP(cfg, d, 1)
+    params0 = init_params(net, [cfg] * E, list(range(E)))
+    x = torch.randn(E, n, d, generator=gen, dtype=F64)
+    batch = DataBatch(x, x[..., :1].sin(), x, x[..., :1].sin(), None, 1)
+    moved = params0.clone()
+    for w in moved.weights:
+        w.add_(0.3 * torch.randn(w.shape, generator=gen, dtype=F64))
+    metrics = validate_spec({"name": "x"}).metrics
+    forwards = []
+
+    def recorder() -> MetricRecorder:
+        rec = MetricRecorder(net, params0, batch, metrics)
+        forward = rec.net.forward
+        rec.net = copy.copy(net)
+        rec.net.forward = lambda *a, **k: forwards.append(1) or forward(*a, **k)
+        return rec
+
+    first = recorder()
+    forwards.clear()
+    at0 = first.record(params0.clone(), params0, step=0)[0]
+    assert len(forwards) == 1
+    assert (at0["act_flip_frac"] == 0).all() and (at0["kernel_rel_change"] == 0).all()
+    later = first.record(moved, moved, step=5)[0]
+    assert len(forwards) == 2
+    reference = recorder().record(moved, moved, step=5)[0]
+    assert len(forwards) == 4  # its references at θ(0), then the step
+    assert later.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(later[key], value, rtol=0, atol=0, equal_nan=True, msg=key)
+
+
 @pytest.mark.parametrize("activation,depth", [("linear", 3), ("relu", 1), ("tanh", 2)])
 def test_metrics_that_do_not_apply_are_null(activation, depth):
     spec = _spec(
@@ -576,6 +617,32 @@ def test_spectra_budget_leaves_out_logged_steps_but_keeps_first_and_last(ntk):
     assert list(eig) == ([k in chosen for k in traj.step] if ntk else [False] * len(traj))
     if ntk:
         assert traj.kernel_distance.notna().all()
+
+
+def test_a_run_too_short_for_two_steps_of_spectra_keeps_the_last_svd_and_two_eigenvalues():
+    """Fewer than 2 logged steps of spectra fit the budget: the singular values are kept
+    at the last logged step only, the kernel's eigenvalues at the first and the last."""
+    spec = _spec(
+        model={"depth": 3, "width": 96},
+        train={"steps": 30, "log_points": 6, "lr": 0.02},
+        metrics={"spectra_budget": 0.1, "probe_size": 16},
+    )
+    dims = [5, 96, 96, 1]
+    per_log = 2 * sum(36 * min(a, b) ** 2 * max(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    per_log += 24 * 16**3
+    train = 6 * 16 * sum(a * b for a, b in zip(dims[:-1], dims[1:])) * 30
+    assert 0.1 * train // per_log < 2
+    (chunk,) = make_chunks(expand(spec), spec)
+    tables = train_chunk(chunk)
+    layers = _by(tables["layers"], ["step", "layer"])
+    traj = _by(tables["trajectories"], ["step"])
+    steps = sorted(traj.step)
+    assert len(steps) > 2
+    svd = layers.groupby("step").stable_rank.apply(lambda s: s.notna().all())
+    assert list(svd.index[svd]) == [steps[-1]]
+    assert layers[layers.step < steps[-1]].top_sv.isna().all()
+    eig = traj[["ntk_eig_min", "ntk_eig_max"]].notna().all(axis=1)
+    assert list(traj.step[eig]) == [steps[0], steps[-1]]
 
 
 @pytest.mark.parametrize("activation", ["linear", "relu"])

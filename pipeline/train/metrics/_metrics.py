@@ -149,8 +149,10 @@ def act_flip_frac(signs: list[Tensor], signs0: list[Tensor]) -> Tensor:
 
 
 def dead_frac(signs: list[Tensor]) -> Tensor:
-    """Fraction of hidden units inactive (z ≤ 0) on every input: (E,)."""
-    dead = sum(torch.count_nonzero(~s.any(1), dim=1) for s in signs)
+    """Fraction of hidden units inactive (z ≤ 0) on every input: (E,). (A unit's largest
+    sign as a byte over the inputs: ``any`` along the inputs axis costs about twice as
+    much on the CPU.)"""
+    dead = sum(torch.count_nonzero(s.view(torch.uint8).amax(1) == 0, dim=1) for s in signs)
     return dead.to(torch.float64) / sum(s.shape[2] for s in signs)
 
 
@@ -186,7 +188,8 @@ def even_part_frac(net: EnsembleMLP, params: Params, x: Tensor) -> Tensor:
 
 
 class MetricRecorder:
-    """Metrics of one chunk relative to its initial parameters ``params0``.
+    """Metrics of one chunk relative to its initial parameters ``params0`` (kept, not
+    copied: they must not change while the recorder is in use).
 
     ``data_kind``: the chunk's ``data.kind`` (decides ``even_part_frac`` when
     ``metrics.even_part`` is None). ``logged_steps`` and ``train_flops`` (the
@@ -210,9 +213,10 @@ class MetricRecorder:
     ) -> None:
         self.net, self.batch, self.cfg = net, batch, cfg
         self.accelerated = accelerated
-        self.params0 = params0.clone()
-        self.norm0 = self.params0.sq_norm().sqrt()
-        self.w0_sq = [member_sq_norm(w) for w in self.params0.weights]
+        self.params0 = params0  # read, never written (nor by the trainer): not copied
+        self.w0_sq = [member_sq_norm(w) for w in params0.weights]
+        # ‖θ(0)‖ as Params.sq_norm sums it (weights, then biases), its weights' terms reused
+        self.norm0 = sum(self.w0_sq + [member_sq_norm(b) for b in params0.biases or []]).sqrt()
         self.w0_fro = [s.sqrt() for s in self.w0_sq]
         P = probe_count(cfg, batch.x_test.shape[1])
         self.probe_x = batch.x_test[:, :P]
@@ -230,16 +234,15 @@ class MetricRecorder:
             dead = torch.as_tensor(act.dead(net.slope), device=batch.x_test.device)
             self.dead_ok = dead.reshape(-1).expand(batch.x_test.shape[0])
 
-        fwd0 = net.forward(self.params0, self.probe_x)
-        self.signs0 = hidden_signs(fwd0) if self.has_pattern else None
+        # the references at θ(0), the sign pattern and the kernel, are taken from the
+        # first recorded step's forward when that step is 0 (θ_0 = θ(0): one forward and
+        # one kernel fewer per chunk), else from θ(0) when first needed (:meth:`_reference`)
+        self.signs0: list[Tensor] | None = None
+        self.k0: Tensor | None = None
         # the NTK's first-layer inner product of the probe inputs: fixed, so computed once
         self.input_gram = None
-        self.k0 = None
         if cfg.ntk:
             self.input_gram = layer_inner(net, self.probe_x, 0, params0.biases is not None)
-            self.k0 = empirical_ntk(
-                net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
-            )
         self.flow: KernelFlow | None = None
         n, k_out = batch.x_train.shape[1], batch.y_train.shape[2]
         if cfg.ntk and cfg.linearized and k_out == 1 and n <= LINEARIZED_MAX_TRAIN:
@@ -255,14 +258,20 @@ class MetricRecorder:
         if act.identity and net.depth > 1:
             self.balance0_matrix = initial_balance_matrices(self.params0)
 
-        # the logged steps that get singular values and kernel eigenvalues (None: every call)
-        self.spectra_steps: set[int] | None = None
+        # the logged steps that get singular values and kernel eigenvalues (None: every
+        # call): the same steps while 2 or more fit the budget; below that the singular
+        # values at the last logged step only (step 0's ΔW is zero, and the figures read
+        # the spectra of t > 0), the kernel's eigenvalues at the first and the last
+        self.svd_steps: set[int] | None = None
+        self.eig_steps: set[int] | None = None
         per_log = (2 * svd_work(net.dims, accelerated, cfg.top_k) if cfg.spectra else 0.0) + (
             eig_work(P, accelerated) if cfg.ntk else 0.0
         )
         if per_log and cfg.spectra_budget is not None and logged_steps and train_flops:
             steps = sorted(int(k) for k in logged_steps)
-            self.spectra_steps = spectra_schedule(steps, per_log, train_flops, cfg.spectra_budget)
+            budget = (steps, per_log, train_flops, cfg.spectra_budget)
+            self.svd_steps = spectra_schedule(*budget, least=(-1,))
+            self.eig_steps = spectra_schedule(*budget)
 
     @classmethod
     def for_run(
@@ -297,7 +306,8 @@ class MetricRecorder:
 
         ``time`` (E,): the gradient-flow time of the step (for the kernel predictor; without
         it the predictor's columns are left out). ``step``: the logged step; the singular values and the kernel's eigenvalues are NaN
-        at steps the budget leaves out. The weights' norms and their distances from θ(0)
+        at steps the budget leaves out; at step 0 ``params`` are θ(0) (as the trainer's
+        are), whose probe forward and kernel become the references of the later steps. The weights' norms and their distances from θ(0)
         serve both tables and are computed once.
         """
         w = params.weights
@@ -309,9 +319,10 @@ class MetricRecorder:
             for b, b0 in zip(params.biases, self.params0.biases):
                 norm_sq = norm_sq + member_sq_norm(b)
                 diff_sq = diff_sq + member_sq_norm(b - b0)
-        spectra = self._spectra_now(step)
-        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), spectra, time)
-        return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, spectra)
+        eig = self._scheduled(self.eig_steps, step)
+        traj = self._trajectory(params, grads, norm_sq.sqrt(), diff_sq.sqrt(), eig, time, step)
+        svd = self._scheduled(self.svd_steps, step)
+        return traj, self._layers(params, w_sq.sqrt(), d_sq.sqrt(), diffs, svd)
 
     def _trajectory(
         self,
@@ -321,6 +332,7 @@ class MetricRecorder:
         diff: Tensor,
         spectra: bool,
         time: Tensor | None = None,
+        step: int | None = None,
     ) -> dict[str, Tensor]:
         net = self.net
         out: dict[str, Tensor] = {
@@ -329,6 +341,11 @@ class MetricRecorder:
             "grad_norm": grads.sq_norm().sqrt(),
         }
         fwd = net.forward(params, self.probe_x)
+        k = None
+        if self.cfg.ntk:
+            k = empirical_ntk(net, params, self.probe_x, fwd=fwd, input_gram=self.input_gram)
+        if self._reference_missing():
+            self._reference(*((fwd, k) if step == 0 else ()))
         f = fwd.output
         out["output_norm"] = f.square().mean((1, 2)).sqrt()
         out["probe_test_loss"] = 0.5 * (f - self.probe_y).square().sum(2).mean(1)
@@ -337,8 +354,7 @@ class MetricRecorder:
             out["lin_test_loss"] = 0.5 * (f_lin - self.probe_y).square().sum(2).mean(1)
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
-        if self.k0 is not None:
-            k = empirical_ntk(net, params, self.probe_x, fwd=fwd, input_gram=self.input_gram)
+        if k is not None and self.k0 is not None:
             out["kernel_distance"] = kernel_distance(k, self.k0)
             out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
             out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
@@ -388,8 +404,30 @@ class MetricRecorder:
         out["balance_defect"] = self._balance(params, fro)
         return out
 
-    def _spectra_now(self, step: int | None) -> bool:
-        return self.spectra_steps is None or step is None or step in self.spectra_steps
+    def _reference_missing(self) -> bool:
+        """Whether the references at θ(0) (sign pattern, kernel) are still to be taken."""
+        return (self.has_pattern and self.signs0 is None) or (self.cfg.ntk and self.k0 is None)
+
+    def _reference(self, fwd0: Forward | None = None, k0: Tensor | None = None) -> None:
+        """Take the references at θ(0): from ``fwd0`` and ``k0``, the probe forward and the
+        kernel of a step whose parameters are θ(0) (step 0: the trainer starts from a copy
+        of θ(0), so they are the same numbers), else computed from θ(0) here."""
+        if fwd0 is None:
+            fwd0 = self.net.forward(self.params0, self.probe_x)
+        if self.has_pattern:
+            self.signs0 = hidden_signs(fwd0)
+        if self.cfg.ntk:
+            self.k0 = (
+                k0
+                if k0 is not None
+                else empirical_ntk(
+                    self.net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
+                )
+            )
+
+    @staticmethod
+    def _scheduled(steps: set[int] | None, step: int | None) -> bool:
+        return steps is None or step is None or step in steps
 
     def _balance(self, params: Params, fro: Tensor) -> Tensor:
         E, L = fro.shape

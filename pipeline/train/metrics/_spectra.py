@@ -186,14 +186,22 @@ def subspace_work(m: int, length: int, k: int = 5) -> float:
 
 
 def spectra_schedule(
-    logged_steps: list[int], per_log: float, train_total: float, budget: float
+    logged_steps: list[int],
+    per_log: float,
+    train_total: float,
+    budget: float,
+    least: tuple[int, ...] = (0, -1),
 ) -> set[int]:
     """The logged steps at which the spectra are computed: all of them if
-    ``len(logged_steps) · per_log ≤ budget · train_total``, else as many as fit (at least
-    2: the first and the last), evenly spaced in the (log-spaced) logged-step index."""
+    ``len(logged_steps) · per_log ≤ budget · train_total``, else as many as fit, evenly
+    spaced in the (log-spaced) logged-step index (the first and the last among them);
+    where fewer than 2 fit, the logged steps at the positions ``least`` (by default the
+    first and the last), over the budget: what analysis reads of a run however short."""
     n = len(logged_steps)
     fit = int(budget * train_total // per_log) if per_log > 0 else n
     if fit >= n:
         return set(logged_steps)
-    idx = np.unique(np.round(np.linspace(0, n - 1, max(fit, 2))).astype(np.int64))
+    if fit < 2:
+        return {logged_steps[i] for i in least}
+    idx = np.unique(np.round(np.linspace(0, n - 1, fit)).astype(np.int64))
     return {logged_steps[i] for i in idx}
