@@ -31,6 +31,7 @@ import numpy as np
 import phasesweep.pipeline.train._trainer as trainer_mod
 import pyarrow as pa
 import pytest
+import torch
 import yaml
 from calibration import synthetic_sweep
 from phasesweep.pipeline.run import _standing
@@ -38,6 +39,11 @@ from phasesweep.pipeline.run._ray import STANDING
 from phasesweep.pipeline.train._models import Params
 from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
 from phasesweep.storage import Store, schema
+
+# Tests train in this process with one intra-op thread, as a trial does with the one CPU
+# Ray gives it: on 2 cores, torch's default of 2 threads ran small batched ops ~50x slower,
+# and far slower still on a busy machine (each thread spins at its barriers).
+torch.set_num_threads(1)
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
 

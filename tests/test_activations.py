@@ -16,8 +16,6 @@ from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params,
 from phasesweep.pipeline.train._trainer import train_chunk
 from phasesweep.pipeline.train.metrics._spectra import balance_scalar
 
-torch.set_num_threads(1)
-
 E, N, W = 3, 5, 4
 SOFTPLUS = Activation(
     "softplus",

@@ -26,8 +26,6 @@ from phasesweep.pipeline.train._models import EnsembleStep
 from phasesweep.pipeline.train._optim import OPTIMIZERS, SCHEDULES
 from phasesweep.pipeline.train._trainer import ChunkTrainer
 
-torch.set_num_threads(1)
-
 #: The training section of each optimizer and schedule (every one registered).
 OPTIMIZER_TRAIN = {"gd": {}, "sgd": {"optimizer": "sgd", "batch_size": 4}}
 SCHEDULE_TRAIN = {

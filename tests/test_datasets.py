@@ -15,7 +15,6 @@ from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import DataConfig, SpecError, validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
-torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps
 
 

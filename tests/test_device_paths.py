@@ -26,8 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is n
 
 from benchmarks.gpu import column_differences  # noqa: E402
 
-torch.set_num_threads(1)
-
 #: Stored columns that are the same computation in another order of kernels on the
 #: accelerator's paths (batched matmuls instead of LAPACK): equal to round-off, not bit for bit.
 SPECTRAL = {

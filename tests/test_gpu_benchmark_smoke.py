@@ -12,13 +12,9 @@ import math
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
 
 from benchmarks import gpu  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):

@@ -15,7 +15,6 @@ from phasesweep.pipeline.train._init import init_params
 from phasesweep.pipeline.train._models import EnsembleMLP
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
-torch.set_num_threads(1)
 U = torch.finfo(torch.float64).eps / 2  # unit roundoff
 
 

@@ -14,7 +14,6 @@ from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
 from torch.func import functional_call, jacrev
 
-torch.set_num_threads(1)
 F64 = torch.float64
 
 

@@ -19,8 +19,6 @@ from phasesweep.pipeline.train._linear_step import LinearStep, linear_step_appli
 from phasesweep.pipeline.train._models import EnsembleMLP, EnsembleStep, Params, loss_and_grads
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
-torch.set_num_threads(1)
-
 E, N, D = 6, 11, 5
 #: Normwise relative tolerance per member: the factored products are associated otherwise,
 #: which moves each result by a few ulps of its terms' sizes, whatever the summation order.

@@ -22,8 +22,6 @@ from phasesweep.pipeline.train._models import Params
 from phasesweep.pipeline.train._optim import OPTIMIZERS, SCHEDULES
 from phasesweep.pipeline.train._trainer import train_chunk
 
-torch.set_num_threads(1)
-
 
 def _run(model: dict, train: dict, grid: dict | None = None):
     spec = validate_spec(

@@ -16,7 +16,6 @@ from phasesweep.pipeline.train._trainer import ChunkTrainer
 from phasesweep.pipeline.train.metrics import _decay, _squaring, _subspace
 from phasesweep.pipeline.train.metrics._ntk import empirical_ntk
 
-torch.set_num_threads(1)
 F64 = torch.float64
 EPS = torch.finfo(F64).eps
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"

@@ -24,7 +24,6 @@ from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
 from phasesweep.pipeline.train.metrics._ntk import empirical_ntk, layer_inner
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
 
-torch.set_num_threads(1)
 F64 = torch.float64
 
 

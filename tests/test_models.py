@@ -10,8 +10,6 @@ from phasesweep.pipeline import activations
 from phasesweep.pipeline.spec import ModelConfig
 from phasesweep.pipeline.train._models import EnsembleMLP, Params, loss_and_grads
 
-torch.set_num_threads(1)
-
 
 def _random_params(net: EnsembleMLP, E: int, bias: bool, gen: torch.Generator) -> Params:
     ws = [

@@ -14,14 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
 
 from benchmarks import run as bench  # noqa: E402
 from benchmarks import store_bench, training  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 def test_grid_is_the_stated_one():

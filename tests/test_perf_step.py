@@ -21,8 +21,6 @@ from phasesweep.pipeline.train._models import (
 )
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
-torch.set_num_threads(1)
-
 E, N, D, K = 7, 9, 5, 2
 
 

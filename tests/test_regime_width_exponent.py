@@ -39,15 +39,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from phasesweep.analysis._analyze import RUN_COLUMNS, analyze_frames
 from phasesweep.analysis.config import AnalysisConfig
 from scipy import stats
 from sweep_runner import run_sweep
 
 pytestmark = pytest.mark.slow
-
-torch.set_num_threads(1)
 
 
 def classified_boundaries(res, cfg: AnalysisConfig) -> pd.DataFrame:

@@ -29,8 +29,6 @@ from phasesweep.pipeline.train._models import (
 )
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 
-torch.set_num_threads(1)
-
 E, N, D, K = 7, 24, 40, 2
 RTOL = 1e-10
 assert D >= SHARED_MIN_INPUT_DIM

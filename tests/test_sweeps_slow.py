@@ -19,8 +19,6 @@ from sweep_runner import first_time_below, geo_mean, loglog_slope, run_sweep
 
 pytestmark = pytest.mark.slow
 
-torch.set_num_threads(1)
-
 
 def _report(name: str, **numbers) -> None:
     print(f"\n[{name}] " + ", ".join(f"{k}={v}" for k, v in numbers.items()))

@@ -32,7 +32,6 @@ from phasesweep.pipeline.train._models import EnsembleMLP, Params
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 from phasesweep.pipeline.train.metrics._ntk import empirical_ntk
 
-torch.set_num_threads(1)
 F64 = torch.float64
 
 

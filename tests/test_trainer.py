@@ -14,8 +14,6 @@ from phasesweep.pipeline.train._models import EnsembleMLP
 from phasesweep.pipeline.train._trainer import configure_tf32, train_chunk
 from phasesweep.storage.schema import log_steps
 
-torch.set_num_threads(1)
-
 FLOAT_COLS = {
     "trajectories": [
         "time",
