@@ -19,6 +19,7 @@ from phasesweep._gallery import (
     balance,
     biasfree_time,
     escape_time,
+    lazy_phase,
     lazy_training,
     ntk_gram,
     transversal,
@@ -41,6 +42,7 @@ RESULTS: dict[str, Result] = {
         biasfree_time.RESULT,
         escape_time.RESULT,
         transversal.RESULT,
+        lazy_phase.RESULT,
     )
 }
 
