@@ -198,9 +198,7 @@ RESULT = Result(
             "grid.init_scale={logspace: [-1, 0, 6]}",
             "grid.seed=[0, 1, 2]",
         ),
-        # estimated: 36 runs of widths 64-1024 trained in 19 s on one thread (in-process);
-        # not yet timed with phasesweep gallery (the machine was 5x oversubscribed)
-        2.0,
+        1.1,
     ),
     full=Size(
         (
