@@ -54,6 +54,7 @@ TABLES = (
     "plateaus",
     "scaling_fits",
     "boundaries",
+    "gallery_checks",
     "manifest",
 )
 
@@ -319,7 +320,8 @@ def checkpointed(sweep: str | None = None, store: Store | str | Path | None = No
 
 def connect(store: Store | str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A new DuckDB connection over the store with the views ``runs``, ``trajectories``,
-    ``layers``, ``summaries``, ``plateaus``, ``scaling_fits`` and ``manifest``.
+    ``layers``, ``summaries``, ``plateaus``, ``scaling_fits``, ``boundaries``,
+    ``gallery_checks`` and ``manifest``.
 
     Locked as for ``phasesweep query``: SQL on it reads the store's table files and no
     other file, reaches no network, loads no extension and cannot unlock itself;

@@ -1,5 +1,6 @@
 """The :class:`Column` declaration of the store's columns, and the columns of its tables
-without metrics: ``runs``, ``plateaus``, ``scaling_fits`` and ``boundaries``.
+without metrics: ``runs``, ``plateaus``, ``scaling_fits``, ``boundaries`` and
+``gallery_checks``.
 
 :mod:`storage.schema` (public) declares the metric tables (``trajectories``, ``layers``,
 ``summaries``), assembles every table from its declarations and re-exports the public
@@ -309,4 +310,40 @@ BOUNDARIES_COLUMNS: tuple[Column, ...] = (
     Column("axis_high", F64, "highest axis value searched", "axis unit"),
     Column("n_runs", I64, "runs of the line used (parent's and refinement's)", "count"),
     Column("n_refine_runs", I64, "of which trained by the refinement", "count"),
+)
+
+#: ``phasesweep gallery``: one row per check of a gallery result evaluated on the sweep
+#: (``phasesweep._gallery._fit.Check``), with the state of the sweep's runs it read.
+GALLERY_CHECKS_COLUMNS: tuple[Column, ...] = (
+    Column("result", pa.string(), "the gallery result (`phasesweep gallery --list`)"),
+    Column("seed_text", pa.string(), "the seed text it reproduces (000 … 004)"),
+    Column("paper", pa.string(), "the paper (authors, year) and the equation or figure"),
+    Column("label", pa.string(), "what the check measures"),
+    Column("estimate", F64, "the fitted value (a slope, an exponent or a ratio)"),
+    Column("ci_low", F64, "lower end of its confidence interval"),
+    Column("ci_high", F64, "upper end of its confidence interval"),
+    Column("confidence", F64, "confidence level of the interval"),
+    Column("n_points", I64, "points fitted", "count"),
+    Column("expected", F64, "the paper's value"),
+    Column("tolerance", F64, "how far the interval may miss expected and still pass"),
+    Column("why_tolerance", pa.string(), "where the tolerance comes from"),
+    Column(
+        "bound",
+        pa.string(),
+        "'equal' (the interval within tolerance of expected) | 'upper' (its low end at most "
+        "expected + tolerance)",
+    ),
+    Column("passed", pa.bool_(), "whether the check passed"),
+    Column("figure", pa.string(), "path of the figure's PNG as written", "", "not drawn"),
+    Column("evaluated_at", pa.timestamp("us", tz="UTC"), "when the check ran", "UTC timestamp"),
+    # the state of the sweep it read: the row is current while the sweep's runs still have
+    # this count and latest finished_at (a new, extended or retrained run changes them)
+    Column("source_runs", I64, "runs of the sweep when the check ran (any status)", "count"),
+    Column(
+        "source_finished_at",
+        pa.timestamp("us", tz="UTC"),
+        "latest runs.finished_at of the sweep when the check ran",
+        "UTC timestamp",
+        "no run recorded a finish time",
+    ),
 )

@@ -39,6 +39,7 @@ from phasesweep.storage._columns import (
     CROSSING_FRACTIONS,
     F64,
     FIT_GROUP_COLUMNS,
+    GALLERY_CHECKS_COLUMNS,
     I64,
     LINE_COLUMNS,
     LOSS_UNIT,
@@ -64,6 +65,7 @@ __all__ = [
     "ESCAPE_EPS",
     "F64",
     "FIT_GROUP_COLUMNS",
+    "GALLERY_CHECKS",
     "I64",
     "LAYERS",
     "LINE_COLUMNS",
@@ -447,6 +449,7 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
     "plateaus": PLATEAUS_COLUMNS,
     "scaling_fits": SCALING_FITS_COLUMNS,
     "boundaries": BOUNDARIES_COLUMNS,
+    "gallery_checks": GALLERY_CHECKS_COLUMNS,
 }
 
 
@@ -461,6 +464,7 @@ SUMMARIES = _schema("summaries")
 PLATEAUS = _schema("plateaus")
 SCALING_FITS = _schema("scaling_fits")
 BOUNDARIES = _schema("boundaries")
+GALLERY_CHECKS = _schema("gallery_checks")
 
 #: Tables written by training chunks, in commit order: ``runs`` goes last, it is the commit.
 CHUNK_TABLES: dict[str, pa.Schema] = {
@@ -469,13 +473,14 @@ CHUNK_TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,
 }
 
-#: Tables written by ``phasesweep analyze`` (and ``boundaries`` by ``refine``): each
-#: replaces the sweep's partition whole.
+#: Tables written by ``phasesweep analyze`` (``boundaries`` by ``refine``,
+#: ``gallery_checks`` by ``gallery``): each replaces the sweep's partition whole.
 ANALYSIS_TABLES: dict[str, pa.Schema] = {
     "summaries": SUMMARIES,
     "plateaus": PLATEAUS,
     "scaling_fits": SCALING_FITS,
     "boundaries": BOUNDARIES,
+    "gallery_checks": GALLERY_CHECKS,
 }
 
 #: Every table the store writes, by name.
@@ -535,6 +540,11 @@ TABLE_DOCS: dict[str, str] = {
         "One row per refined line (a value of the sweep's other grid axes): the phase "
         "boundary along one axis found by `phasesweep refine`, with its bracket, seed spread "
         "and the runs it used."
+    ),
+    "gallery_checks": (
+        "One row per check of a gallery result evaluated on the sweep, written by "
+        "`phasesweep gallery` (a result's rows are replaced whole when it is checked again); "
+        "`phasesweep report` shows them, as stale where the sweep's runs changed since."
     ),
 }
 

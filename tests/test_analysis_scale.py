@@ -746,7 +746,7 @@ def test_reach_adds_up_over_batches_and_from_sql(synthetic_store):
     once, summed over batches (analyze) and aggregated in SQL (the report)."""
     from phasesweep.analysis import analyze
     from phasesweep.analysis._analyze import Reach
-    from phasesweep.analysis._report import regime_counts
+    from phasesweep.analysis._report._page import regime_counts
 
     rng = np.random.default_rng(0)
     status = rng.choice(["completed", "diverged", "failed"], 200, p=[0.8, 0.1, 0.1])

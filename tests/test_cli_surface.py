@@ -231,6 +231,7 @@ def test_show_tables_lists_only_the_views(phasesweep_cli, store):
             "plateaus",
             "scaling_fits",
             "boundaries",
+            "gallery_checks",
             "manifest",
         ]
     )

@@ -256,3 +256,68 @@ def test_biasfree_plateau_lasts_one_over_delta_read_by_sql(tmp_path):
     assert len(evaluation.checks) == 1
     assert evaluation.passed, evaluation.caption
     assert evaluation.checks[0].fit.estimate == pytest.approx(-1.0, abs=0.12)
+
+
+def test_lazy_rich_boundary_slope_in_width(tmp_path):
+    import torch
+    import yaml
+    from phasesweep.analysis import analyze
+    from phasesweep.pipeline.spec import load_spec_and_raw
+
+    result = RESULTS["lazy_phase"]
+    store = Store.open(str(tmp_path / "store"))
+    overrides = [
+        *result.overrides(),
+        "grid.width=[64, 256, 1024]",
+        "grid.init_scale={logspace: [-0.8, 0, 5]}",
+        "grid.seed=[0, 1]",
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 30 small runs: one thread each is the fastest on a busy machine
+    try:
+        spec = store_sweep(result.spec_path, overrides, store)
+    finally:
+        torch.set_num_threads(threads)
+    # the regimes the result reads, by the spec's analysis section (as a launch stores it)
+    store.write_spec(spec.name, yaml.safe_dump(load_spec_and_raw(result.spec_path, overrides)[1]))
+    analyze(store, spec.name, workers=0)
+    evaluation = evaluate(result, store, spec.name)
+    assert len(evaluation.checks) == 1
+    assert evaluation.passed, evaluation.caption
+    # every (width, seed) line flips once inside the grid: 3 widths x 2 seeds boundaries
+    from phasesweep._gallery.lazy_phase import boundaries
+
+    found = boundaries(evaluation.frame)
+    assert len(found) == 6 and (found.g_rich < found.g_star).all()
+    assert (found.g_star <= found.g_lazy).all()
+
+
+def test_the_lazy_rich_boundary_of_an_exact_power_law_is_its_level_set():
+    """Runs whose order parameter is exactly C g^-2 m^-1/2: the interpolated boundary is the
+    level set (C / (θ √m))^(1/2) and its width slope -1/4; a line without a rich-to-lazy flip
+    (all lazy, or not converged before its first lazy run) has none."""
+    import pandas as pd
+
+    from phasesweep._gallery.lazy_phase import boundaries, measure
+
+    theta, constant = 0.1, 0.3
+    rows = []
+    for width in (64, 256, 1024):
+        for seed in (0, 1):
+            for g in np.logspace(-1, 0, 6):
+                value = constant * g**-2 * width**-0.5
+                regime = "lazy" if value < theta else "rich"
+                rows.append((2, width, g, seed, regime, value, theta))
+    rows.append((2, 4096, 0.5, 0, "lazy", 1e-3, theta))  # lazy over its whole range
+    rows.append((2, 4096, 1.0, 0, "lazy", 1e-4, theta))
+    rows.append((2, 16, 0.5, 0, "not_converged", 1.0, theta))  # no rich run before lazy
+    rows.append((2, 16, 1.0, 0, "lazy", 1e-2, theta))
+    columns = ["depth", "width", "init_scale", "seed", "regime", "order_value", "lazy_threshold"]
+    frame = pd.DataFrame(rows, columns=columns)
+    found = boundaries(frame)
+    assert sorted(found.width.unique()) == [64, 256, 1024] and len(found) == 6
+    exact = np.sqrt(constant / (theta * np.sqrt(found.width)))
+    assert np.allclose(found.g_star, exact, rtol=1e-12)
+    assert ((found.g_rich < found.g_star) & (found.g_star <= found.g_lazy)).all()
+    (check,) = measure(frame)
+    assert check.fit.estimate == pytest.approx(-0.25, abs=1e-12) and check.passed

@@ -58,8 +58,14 @@ def test_refine_of_an_unknown_sweep_offers_the_close_names(synthetic_store, caps
     [
         ("SELECT * FROM run", 'Did you mean "runs"?'),
         ("SELECT * FROM summary", 'Did you mean "summaries"?'),
-        ("SELECT * FROM tables", "The store's tables: boundaries, layers, manifest, plateaus"),
-        ("SELECT * FROM duckdb_table", "The store's tables: boundaries, layers, manifest"),
+        (
+            "SELECT * FROM tables",
+            "The store's tables: boundaries, gallery_checks, layers, manifest, plateaus",
+        ),
+        (
+            "SELECT * FROM duckdb_table",
+            "The store's tables: boundaries, gallery_checks, layers, manifest",
+        ),
         ("INSTALL httpfs", "INSTALL statement not allowed, queries are read-only"),
         ("FORCE INSTALL httpfs", "INSTALL statement not allowed, queries are read-only"),
         ("LOAD httpfs", "LOAD statement not allowed, queries are read-only"),

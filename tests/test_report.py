@@ -21,10 +21,9 @@ import yaml
 from calibration import synthetic_sweep
 from phasesweep.analysis import analyze, report
 from phasesweep.analysis._analyze import fit_mask
-from phasesweep.analysis._report import (
+from phasesweep.analysis._report._fits import fit_reason, fit_stats_sql
+from phasesweep.analysis._report._page import (
     ReportFigure,
-    fit_reason,
-    fit_stats_sql,
     regime_counts,
     regime_note,
     report_html,
@@ -290,7 +289,7 @@ def prov_store(tmp_path_factory):
 def test_report_states_its_provenance(prov_store, tmp_path):
     import subprocess
 
-    from phasesweep.analysis._report import duration
+    from phasesweep.analysis._report._page import duration
 
     import phasesweep
 
@@ -342,7 +341,7 @@ def test_report_states_its_provenance(prov_store, tmp_path):
 
 @pytest.mark.heavy
 def test_report_without_launch_or_git(prov_store, tmp_path, monkeypatch):
-    from phasesweep.analysis._report import code_commit
+    from phasesweep.analysis._report._page import code_commit
 
     from phasesweep import _version
 

@@ -1,5 +1,6 @@
 """The gallery's use case: run the sweep a result needs (skipping what the store holds),
-analyze it, read its numbers with the result's SQL, check them and draw the figure.
+analyze it, read its numbers with the result's SQL, check them, draw the figure and record
+the checks in the store's ``gallery_checks`` table (what ``phasesweep report`` shows).
 
 ``phasesweep gallery`` and :func:`phasesweep._gallery` are thin layers over
 :func:`reproduce`, :func:`evaluate` and :func:`listing`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,7 @@ from phasesweep._gallery import (
     biasfree_plateau,
     biasfree_time,
     escape_time,
+    lazy_phase,
     lazy_training,
     ntk_gram,
     transversal,
@@ -41,6 +44,7 @@ RESULTS: dict[str, Result] = {
         escape_time.RESULT,
         transversal.RESULT,
         biasfree_plateau.RESULT,
+        lazy_phase.RESULT,
     )
 }
 
@@ -80,12 +84,16 @@ def listing(result: Result, full: bool = False) -> str:
 
 @dataclass
 class Evaluation:
-    """A result checked against a sweep of the store: the rows its SQL read, its checks."""
+    """A result checked against a sweep of the store: the rows its SQL read, its checks,
+    and the state of the sweep's runs it read (their count, any status, and their latest
+    ``finished_at``: a new, extended or retrained run changes them)."""
 
     result: Result
     sweep: str
     frame: pd.DataFrame
     checks: list[Check]
+    source_runs: int
+    source_finished_at: datetime | None
 
     @property
     def passed(self) -> bool:
@@ -105,6 +113,9 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
     con = open_catalog(store)
     try:
         frame = con.execute(result.query(sweep)).df()
+        source_runs, source_finished_at = con.execute(
+            "SELECT count(*), max(finished_at) FROM runs WHERE sweep = ?", [sweep]
+        ).fetchone()
     finally:
         con.close()
     if frame.empty:
@@ -114,7 +125,8 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
             f"the store holds no completed runs of sweep {sweep}",
             what="argument",
         )
-    return Evaluation(result, sweep, frame, result.measure(frame))
+    checks = result.measure(frame)
+    return Evaluation(result, sweep, frame, checks, source_runs, source_finished_at)
 
 
 def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
@@ -142,6 +154,45 @@ def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
     return paths
 
 
+def record(evaluation: Evaluation, store: Store, figure: Path | None = None) -> None:
+    """Store the evaluation's checks in ``gallery_checks`` (the sweep's partition), in place
+    of the result's earlier rows there; ``figure``: the PNG drawn of it (None: not drawn)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from phasesweep.storage.schema import to_table
+
+    from phasesweep._gallery._fit import CONFIDENCE
+
+    result, checks = evaluation.result, evaluation.checks
+    rows = to_table(
+        "gallery_checks",
+        {
+            "result": [result.name] * len(checks),
+            "seed_text": [result.seed] * len(checks),
+            "paper": [f"{result.paper}, {result.reproduces}"] * len(checks),
+            "label": [c.label for c in checks],
+            "estimate": [c.fit.estimate for c in checks],
+            "ci_low": [c.fit.low for c in checks],
+            "ci_high": [c.fit.high for c in checks],
+            "confidence": [CONFIDENCE] * len(checks),
+            "n_points": [c.fit.n for c in checks],
+            "expected": [c.theory for c in checks],
+            "tolerance": [c.tolerance for c in checks],
+            "why_tolerance": [c.why_tolerance for c in checks],
+            "bound": [c.bound for c in checks],
+            "passed": [c.passed for c in checks],
+            "figure": [None if figure is None else str(Path(figure).resolve())] * len(checks),
+            "evaluated_at": [datetime.now(timezone.utc)] * len(checks),
+            "source_runs": [evaluation.source_runs] * len(checks),
+            "source_finished_at": [evaluation.source_finished_at] * len(checks),
+        },
+        len(checks),
+    )
+    earlier = store.read_analysis(evaluation.sweep, "gallery_checks")
+    others = to_table("gallery_checks", earlier.filter(pc.field("result") != result.name))
+    store.write_analysis(evaluation.sweep, "gallery_checks", pa.concat_tables([others, rows]))
+
+
 def reproduce(
     result: Result,
     store: Store,
@@ -151,7 +202,8 @@ def reproduce(
     address: str | None = None,
     progress: bool = True,
 ) -> tuple[Evaluation, list[Path]]:
-    """Train what the store lacks of the result's sweep, analyze it, check and draw it."""
+    """Train what the store lacks of the result's sweep, analyze it, check, draw and
+    :func:`record` it."""
     from phasesweep.pipeline.run._launch import execute, plan_sweep
 
     from phasesweep import analysis
@@ -160,7 +212,9 @@ def reproduce(
     execute(planned, address=address, progress=progress)
     analysis.analyze(store, planned.spec.name)
     evaluation = evaluate(result, store, planned.spec.name)
-    return evaluation, draw(evaluation, out)
+    paths = draw(evaluation, out)
+    record(evaluation, store, next(p for p in paths if p.suffix == ".png"))
+    return evaluation, paths
 
 
 def reproduce_all(

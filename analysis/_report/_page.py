@@ -1,14 +1,7 @@
-"""``phasesweep report``: one self-contained HTML page per sweep.
-
-The page says what made it (phasesweep version, git commit of the code, command
-line, the launch's own command line when the store records it), what the sweep
-cost (wall time, devices, nodes), what it is (the spec's header comment and
-description), the counts of runs by status, regime and plateaus (with why a run has
-no regime), every figure of ``phasesweep plot``, the SQL behind the phase diagrams,
-the fitted-slope table (with why a fit is missing) and the spec. It is one file that
-can be mailed or archived alone: every figure is embedded as a PNG ``data:`` URI, and
-its SVG too, as a download link; no external resource, no script. Empty tables are
-left out. The page is a jinja2 template (:data:`TEMPLATE`), autoescaped.
+"""The report's page: its jinja2 template (:data:`TEMPLATE`, autoescaped), its tables
+(runs by status, regime and plateaus, with why a run has no regime; refined boundaries),
+the provenance (what made the page, what the sweep cost) and :func:`report_html`, which
+puts the parts together. ``analysis._report.report`` reads the parts from the store.
 """
 
 from __future__ import annotations
@@ -27,10 +20,8 @@ import jinja2
 import numpy as np
 import pandas as pd
 from phasesweep.analysis._analyze import Reach
-from phasesweep.analysis._style import fmt
+from phasesweep.analysis._report._fits import fits_display
 from phasesweep.analysis.config import REACH_RTOL, AnalysisConfig
-from phasesweep.storage._catalog import sql_string
-from phasesweep.storage.schema import FIT_GROUP_COLUMNS
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin: 2em auto;
@@ -50,6 +41,8 @@ figcaption { color: #555; font-size: 0.9em; }
 .counts { display: flex; gap: 2.5em; flex-wrap: wrap; }
 dl.prov { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
 dl.prov dt { color: #555; } dl.prov dd { margin: 0; }
+td.pass { color: #1a7f37; } td.fail { color: #cf222e; font-weight: bold; }
+td.stale { color: #9a6700; }
 """
 
 #: The page. Every value is escaped (autoescape) unless it is ``Markup``.
@@ -113,6 +106,7 @@ crossings and the runs used; unbracketed lines say on which side of the level th
 range lies.</p>
 {{ table(boundaries) }}
 {% endif -%}
+{{ gallery | safe }}
 <h2>Spec</h2>
 {% if header %}<p class="note">As stored, less its header comment (above).</p>
 {% endif -%}
@@ -130,10 +124,11 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-_ENV.filters["cell"] = _cell
-_ENV.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
-_ENV.globals["zip"] = zip
+#: The page's jinja2 environment (autoescaped), its filters and globals.
+PAGE_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+PAGE_ENV.filters["cell"] = _cell
+PAGE_ENV.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
+PAGE_ENV.globals["zip"] = zip
 
 
 @dataclass(frozen=True)
@@ -176,143 +171,6 @@ class _Table:
 
     def __bool__(self) -> bool:
         return len(self.frame) > 0
-
-
-#: The fits' x columns as the report names them.
-_FIT_X = {
-    "log_init_scale": "log α",
-    "log_inv_init_scale": "log(1/α)",
-    "log_log_inv_init_scale": "log log(1/α)",
-}
-
-
-def fit_stats_sql(sweep: str, cfg: AnalysisConfig, keys: Sequence[str]) -> str:
-    """One row per fit group (``keys``: depth and the fit's group axes): how many of its
-    completed runs pass each step of the fit's filter (:func:`analysis._analyze.fit_mask`,
-    in that order), and the widest span in decades of the passing runs' init scales per
-    seed (``decades``; ``decades_below_1``: of those below 1, what the log-log fit uses).
-    Aggregated in SQL: bounded memory for any number of runs."""
-    cols = ", ".join(f"r.{k}" for k in keys)
-    group = ", ".join(keys)
-    regimes = ", ".join(sql_string(r) for r in cfg.fit_regimes) or "NULL"
-    plateau = "coalesce(s.n_plateaus, 0) >= 1" if cfg.fit_require_plateau else "true"
-    top = (
-        "true" if cfg.fit_init_scale_max is None else f"r.init_scale <= {cfg.fit_init_scale_max!r}"
-    )
-    on = " AND ".join(f"c.{k} IS NOT DISTINCT FROM d.{k}" for k in keys)
-    return f"""
-WITH p AS (
-  SELECT {cols}, r.seed, r.init_scale,
-         s.escape_time IS NOT NULL AS escaped,
-         coalesce(s.regime IN ({regimes}), false) AS in_regimes,
-         {plateau} AS plateau,
-         {top} AS in_range
-  FROM runs r JOIN summaries s ON s.sweep = r.sweep AND s.run_id = r.run_id
-  WHERE r.sweep = {sql_string(sweep)} AND r.status = 'completed'
-),
-c AS (
-  SELECT {group}, count(*) AS completed,
-         count(*) FILTER (WHERE escaped) AS escaped,
-         count(*) FILTER (WHERE escaped AND in_regimes) AS in_regimes,
-         count(*) FILTER (WHERE escaped AND in_regimes AND plateau) AS plateau,
-         count(*) FILTER (WHERE escaped AND in_regimes AND plateau AND in_range) AS passing
-  FROM p GROUP BY {group}
-),
-d AS (
-  SELECT {group}, max(decades) AS decades, max(decades_below_1) AS decades_below_1 FROM (
-    SELECT {group}, seed, log10(max(init_scale) / min(init_scale)) AS decades,
-           log10(max(init_scale) FILTER (WHERE init_scale < 1)
-                 / min(init_scale) FILTER (WHERE init_scale < 1)) AS decades_below_1
-    FROM p WHERE escaped AND in_regimes AND plateau AND in_range AND init_scale > 0
-    GROUP BY {group}, seed
-  ) GROUP BY {group}
-)
-SELECT c.*, d.decades, d.decades_below_1 FROM c LEFT JOIN d ON {on}
-"""
-
-
-def fit_reason(x: str, stats: dict | None, cfg: AnalysisConfig) -> str:
-    """Why a fit group has no slope, from its :func:`fit_stats_sql` row (None: unknown)."""
-    if stats is None or not stats.get("completed"):
-        return "no completed run in this group"
-    steps = [  # the count of runs that pass each step, and what the step asks of a run
-        ("escaped", f"escaped (loss fell by analysis.escape_min_drop = {cfg.escape_min_drop:g})"),
-        ("in_regimes", f"is in analysis.fit_regimes ({', '.join(cfg.fit_regimes)})"),
-        ("plateau", "left a plateau (analysis.fit_require_plateau)"),
-        ("passing", f"has init_scale ≤ analysis.fit_init_scale_max = {cfg.fit_init_scale_max}"),
-    ]
-    nouns = ["completed runs", "runs that escaped", "remaining runs", "remaining runs"]
-    have = stats["completed"]
-    for (key, what), noun in zip(steps, nouns):
-        if not stats[key]:
-            return f"none of the {have} {noun} {what}"
-        have = stats[key]
-    span = stats["decades_below_1" if x == "log_log_inv_init_scale" else "decades"]
-    below = " below α = 1" if x == "log_log_inv_init_scale" else ""
-    if span is None or span != span or span <= 0:
-        return f"{have} runs pass, but no seed has them at two init scales{below}"
-    if span < cfg.fit_min_decades - 1e-9:
-        return (
-            f"{have} runs pass, but no seed's init scales{below} span analysis.fit_min_decades"
-            f" = {cfg.fit_min_decades:g} decades (the widest: {span:.2g})"
-        )
-    return "too few points per seed"
-
-
-def fits_display(
-    fits: pd.DataFrame, stats: pd.DataFrame | None = None, cfg: AnalysisConfig | None = None
-) -> pd.DataFrame:
-    """The scaling_fits rows as the report shows them; ``stats`` (:func:`fit_stats_sql`
-    rows) say why a row has no slope."""
-    cfg = cfg or AnalysisConfig()
-    columns = ["depth", "group", "fit", "slope", "CI", "theory slope", "theory", "points"]
-    columns += ["seeds", "note"]
-    if fits.empty:
-        return pd.DataFrame(columns=columns)
-    keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
-    by_group = {}
-    if stats is not None:
-        for rec in stats.to_dict("records"):
-            by_group[tuple(_key(rec[k]) for k in keys)] = rec
-    rows = []
-    for f in fits.sort_values(["depth", "x"]).to_dict("records"):
-        group = ", ".join(
-            f"{c} {fmt(f[c])}" for c in FIT_GROUP_COLUMNS if c in f and not _missing(f[c])
-        )
-        y = "log t" if f["y"] == "log_escape_time" else "t"
-        ci = (
-            f"[{f['ci_low']:.3g}, {f['ci_high']:.3g}] ({f['confidence']:.0%}, {f['ci_method']})"
-            if not _missing(f["ci_low"])
-            else ""
-        )
-        fitted = not _missing(f["slope"])
-        stat = by_group.get(tuple(_key(f.get(k)) for k in keys))
-        rows.append(
-            {
-                "depth": int(f["depth"]),
-                "group": group,
-                "fit": f"{y} vs {_FIT_X.get(f['x'], f['x'])}",
-                "slope": float(f["slope"]) if fitted else None,
-                "CI": ci,
-                "theory slope": None if _missing(f["theory_slope"]) else float(f["theory_slope"]),
-                "theory": f["theory"],
-                "points": int(f["n_points"]),
-                "seeds": int(f["n_seeds"]),
-                "note": "" if fitted else "no fit: " + fit_reason(f["x"], stat, cfg),
-            }
-        )
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA
-
-
-def _key(v: Any) -> Any:
-    """A group key value comparable between the fits and the stats frames."""
-    if _missing(v):
-        return None
-    return float(v) if isinstance(v, int | float | np.number) else v
 
 
 def boundaries_display(frame: pd.DataFrame) -> pd.DataFrame:
@@ -471,11 +329,14 @@ def report_html(
     regime_note: str = "",
     fit_stats: pd.DataFrame | None = None,
     cfg: AnalysisConfig | None = None,
+    gallery: str = "",
 ) -> str:
     """The report page (a complete HTML document) from its parts; empty tables are left out.
 
     ``regime_note``: why runs have no regime (shown under the regime counts); ``fit_stats``
-    (:func:`fit_stats_sql`) and ``cfg``: why a fit has no slope."""
+    (``analysis._report._fits.fit_stats_sql``) and ``cfg``: why a fit has no slope;
+    ``gallery``: the Gallery section, HTML escaped by its own template
+    (``analysis._report._gallery_checks``; empty: none)."""
     cfg = cfg or AnalysisConfig()
     counts = [
         _Table(status_counts, "status-counts", ("status",), "By status"),
@@ -491,7 +352,7 @@ def report_html(
         "" if cfg.fit_init_scale_max is None else f", with init_scale ≤ {cfg.fit_init_scale_max:g}"
     )
     header = spec_header(spec_text)
-    return _ENV.from_string(TEMPLATE).render(
+    return PAGE_ENV.from_string(TEMPLATE).render(
         sweep=sweep,
         css=_CSS,
         description=description,
@@ -512,6 +373,7 @@ def report_html(
             "boundaries-table",
             ("line",),
         ),
+        gallery=gallery,
         spec=spec_body(spec_text) if header else spec_text,
     )
 
@@ -561,82 +423,3 @@ def regime_note(counts: pd.DataFrame, sweep: str, at_time: float | None, store: 
 
 def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
-
-
-def report(
-    store,
-    sweep: str,
-    out_dir: Path | str | None = None,
-    *,
-    launch: dict | None = None,
-    command: Sequence[str] | None = None,
-) -> Path:
-    """Write ``report.html`` for ``sweep`` into ``out_dir`` (default: the figures folder).
-
-    ``store``: a ``storage.Store`` or URI. Regenerates the figures (as ``plot``)
-    into the same folder, running ``analyze`` first if the sweep has no summaries;
-    a figure that cannot be drawn is left out with a warning. The catalog is opened
-    once (twice when the sweep must be analyzed first) and the spec loaded once.
-    ``launch``: the launch record of the sweep (keys ``argv``, ``version``,
-    ``commit``, ``started_at``, ``finished_at``), shown when given; ``command``: the
-    command line that makes the report (default ``sys.argv``). Returns the page's path.
-    """
-    from phasesweep.analysis._boundaries import boundaries_frame
-    from phasesweep.analysis._output import prepare_dir, write_file
-    from phasesweep.analysis._plotting import default_out_dir, open_sweep, render_all, upload
-    from phasesweep.storage._store import as_store
-
-    store = as_store(store)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(store, sweep)
-    prepare_dir(out, create=False)
-    with open_sweep(store, sweep) as ctx:
-        rendered = render_all(ctx, out)
-        con = ctx.con
-        counts = regime_counts(con, sweep, ctx.cfg.at_time)
-        status, regimes = (
-            counts.groupby(key, as_index=False, dropna=False)["runs"]
-            .sum()
-            .sort_values(["runs", key], ascending=[False, True], ignore_index=True)
-            for key in ("status", "regime")
-        )
-        plateau_counts = ctx.df(
-            "SELECT n_plateaus AS plateaus, count(*) AS runs FROM summaries "
-            "WHERE sweep = ? AND n_plateaus IS NOT NULL GROUP BY 1 ORDER BY 1"
-        )
-        fits = ctx.df("SELECT * FROM scaling_fits WHERE sweep = ?")
-        fit_stats = None
-        if len(fits) and fits["slope"].isna().any():
-            keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
-            fit_stats = con.execute(fit_stats_sql(sweep, ctx.cfg, keys)).df()
-        refined = boundaries_frame(con, sweep)
-        prov = provenance(con, sweep, command, launch)
-        spec, spec_text, cfg = ctx.spec, ctx.spec_text, ctx.cfg
-    figs = [
-        ReportFigure(
-            r.name,
-            next(p for p in r.paths if p.suffix == ".png").read_bytes(),
-            r.caption,
-            r.sql,
-            next((p.read_bytes() for p in r.paths if p.suffix == ".svg"), None),
-        )
-        for r in rendered
-    ]
-    text = report_html(
-        sweep,
-        spec_text=spec_text,
-        status_counts=status,
-        regime_counts=regimes,
-        fits=fits,
-        figures=figs,
-        plateau_counts=plateau_counts,
-        description=spec.description if spec is not None else "",
-        provenance=prov,
-        boundaries=refined,
-        regime_note=regime_note(counts, sweep, cfg.at_time, store.uri),
-        fit_stats=fit_stats,
-        cfg=cfg,
-    )
-    page = write_file(prepare_dir(out), "report.html", text.encode("utf-8"))
-    if out_dir is None and store.local_path("figures") is None:
-        upload(store, sweep, [page])
-    return page

@@ -1,0 +1,188 @@
+"""The gallery's checks in the store (``gallery_checks``) and in the HTML report: each check
+stored with the state of the runs it read, replaced when its result is checked again, and
+shown by ``phasesweep report`` as PASS, FAIL or, once the sweep's runs changed, STALE."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pytest
+import yaml
+from calibration import synthetic_sweep
+from phasesweep.analysis import report
+from phasesweep.storage import Store, open_catalog
+
+from phasesweep._gallery import Check, Fit, Result, Size, evaluate, record
+
+SWEEP = "gal"
+GRID = {"init_scale": [1e-2, 1e-1, 1.0], "width": [16], "depth": [2], "seed": [0]}
+#: one check whose interval reaches the paper's value, one whose interval misses it
+PASSING = Check("exponent in g", Fit(1.02, 0.97, 1.07, 0.0, 9), 1.0, 0.0, "exact")
+FAILING = Check("exponent in m", Fit(-0.31, -0.35, -0.27, 0.0, 9), -0.5, 0.05, "finite width")
+
+
+def _toy(name: str = "toy") -> Result:
+    """A result over any sweep whose measure states two fixed checks (the pass rule itself
+    is ``Check.passed``'s, tested in test_gallery.py)."""
+    return Result(
+        name=name,
+        seed="003",
+        paper="A. Author, B. Author (2019)",
+        reproduces="eq. (7)",
+        sweep="lazy_rich",
+        conditions="none",
+        sql="SELECT run_id FROM runs WHERE sweep = {sweep}",
+        default=Size((), 0.1),
+        full=Size((), 0.1),
+        measure=lambda frame: [PASSING, FAILING],
+        draw=lambda frame, checks: None,
+    )
+
+
+def _chunk(init_scales: list[float], name: str, finished: datetime) -> dict[str, pa.Table]:
+    """A chunk of :func:`calibration.synthetic_sweep` whose run ids start with ``name``
+    (distinct from another chunk's) and whose runs finished at ``finished``, a second
+    apart."""
+    tables = synthetic_sweep(init_scales, GRID["width"], GRID["depth"], GRID["seed"], steps=10**6)
+    for key, table in tables.items():
+        ids = pa.array([name + r for r in table["run_id"].to_pylist()], pa.string())
+        tables[key] = table.set_column(table.schema.get_field_index("run_id"), "run_id", ids)
+    runs = tables["runs"]
+    times = pa.array(
+        [finished + timedelta(seconds=i) for i in range(runs.num_rows)], runs["finished_at"].type
+    )
+    tables["runs"] = runs.set_column(
+        runs.schema.get_field_index("finished_at"), "finished_at", times
+    )
+    return tables
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    """A store holding the sweep ``SWEEP`` over ``GRID``, with its spec."""
+    made = Store.open(str(tmp_path / "store"))
+    made.write_chunk(
+        SWEEP, "c0", _chunk(GRID["init_scale"], "a", datetime(2026, 1, 1, tzinfo=timezone.utc))
+    )
+    made.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": GRID}))
+    return made
+
+
+def _runs(store) -> tuple[int, object]:
+    """(rows, latest finished_at) of the store's runs files, read without the catalog."""
+    runs = ds.dataset(store.readable_files("runs"), format="parquet").to_table()
+    return runs.num_rows, pc.max(runs["finished_at"]).as_py()
+
+
+def test_record_stores_each_check_with_the_state_of_the_runs_it_read(store, tmp_path):
+    evaluation = evaluate(_toy(), store, SWEEP)
+    assert (evaluation.source_runs, evaluation.source_finished_at) == _runs(store)
+    figure = tmp_path / "toy.png"
+    figure.write_bytes(b"png")
+    record(evaluation, store, figure)
+    record(evaluation, store, figure)  # checked again: replaced, not duplicated
+    record(evaluate(_toy("other"), store, SWEEP), store)
+    con = open_catalog(store)
+    rows = con.execute(
+        "SELECT * FROM gallery_checks WHERE sweep = ? ORDER BY result, label", [SWEEP]
+    ).df()
+    con.close()
+    assert list(rows.result) == ["other", "other", "toy", "toy"]
+    toy = rows[rows.result == "toy"].set_index("label")
+    for check in (PASSING, FAILING):
+        row = toy.loc[check.label]
+        assert (row.estimate, row.ci_low, row.ci_high, row.n_points) == (
+            check.fit.estimate,
+            check.fit.low,
+            check.fit.high,
+            check.fit.n,
+        )
+        assert (row.expected, row.tolerance, row.bound) == (check.theory, check.tolerance, "equal")
+        assert bool(row.passed) == check.passed
+        assert row.figure == str(figure.resolve()) and row.seed_text == "003"
+        assert (row.source_runs, row.source_finished_at) == _runs(store)
+    assert rows[rows.result == "other"].figure.isna().all()
+
+
+class _Cells(HTMLParser):
+    """The gallery table's rows (cell texts) and its links."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.hrefs: list[str] = []
+        self.inside = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.inside = dict(attrs).get("id") == "gallery-checks"
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag == "td":
+            self.rows[-1].append("")
+        elif self.inside and tag == "a":
+            self.hrefs.append(dict(attrs)["href"])
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+
+    def handle_data(self, data):
+        if self.inside and self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data
+
+
+def _gallery_table(page: Path) -> _Cells:
+    cells = _Cells()
+    cells.feed(page.read_text(encoding="utf-8"))
+    cells.rows = [[cell.strip() for cell in row] for row in cells.rows]
+    return cells
+
+
+def test_the_report_shows_the_checks_pass_and_fail_then_stale(store, tmp_path):
+    without = report(store, SWEEP, tmp_path / "without")
+    assert "<h2>Gallery</h2>" not in without.read_text(encoding="utf-8")
+    assert _gallery_table(without).rows == []
+
+    figure = tmp_path / "gallery" / "toy.png"
+    figure.parent.mkdir()
+    figure.write_bytes(b"png")
+    record(evaluate(_toy(), store, SWEEP), store, figure)
+    page = report(store, SWEEP, tmp_path / "with")
+    text = page.read_text(encoding="utf-8")
+    assert "<h2>Gallery</h2>" in text and "1 of\n2 pass" in text
+    table = _gallery_table(page)
+    verdicts = {row[1]: row[5] for row in table.rows[1:]}
+    assert verdicts == {PASSING.label: "PASS", FAILING.label: "FAIL"}
+    measured = {row[1]: row[2] for row in table.rows[1:]}
+    assert measured[FAILING.label] == "-0.31 [-0.35, -0.27] (95 %, n = 9)"
+    assert {row[1]: row[3] for row in table.rows[1:]}[FAILING.label] == "-0.5 ± 0.05"
+    # each row links the figure, relative to the page's folder
+    assert len(table.hrefs) == 2
+    assert all((page.parent / unquote(h)).resolve() == figure.resolve() for h in table.hrefs)
+
+    # a run added to the sweep: the checks no longer describe its runs
+    store.write_chunk(SWEEP, "c1", _chunk([3e-2], "b", datetime(2026, 1, 2, tzinfo=timezone.utc)))
+    stale = report(store, SWEEP, tmp_path / "stale")
+    rows = _gallery_table(stale).rows[1:]
+    assert [row[5] for row in rows] == ["STALE", "STALE"]
+    assert re.search(r"2 are stale .*phasesweep gallery toy", stale.read_text(), re.S)
+
+
+@pytest.mark.parametrize("missing", [None, "gone.png"])
+def test_a_check_without_a_drawn_figure_says_so(store, tmp_path, missing):
+    from phasesweep.analysis._report._gallery_checks import gallery_rows
+
+    record(evaluate(_toy(), store, SWEEP), store, None if missing is None else tmp_path / missing)
+    con = open_catalog(store)
+    rows = gallery_rows(con, SWEEP, tmp_path)
+    con.close()
+    expected = "not drawn" if missing is None else "gone.png (not found)"
+    assert [(r["figure"], r["href"]) for r in rows] == [(expected, None)] * 2
