@@ -19,6 +19,7 @@ from phasesweep._gallery import (
     escape_time,
     lazy_training,
     ntk_gram,
+    relu_transversal,
     transversal,
 )
 from phasesweep._gallery._result import Result
@@ -39,6 +40,7 @@ RESULTS: dict[str, Result] = {
         biasfree_time.RESULT,
         escape_time.RESULT,
         transversal.RESULT,
+        relu_transversal.RESULT,
     )
 }
 
