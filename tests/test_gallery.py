@@ -88,6 +88,20 @@ def test_a_check_passes_when_its_interval_reaches_the_tolerance_band(low, high, 
     assert check.line().endswith("pass" if passed else "FAIL")
 
 
+def test_a_run_by_run_check_needs_every_run_within_the_tolerance():
+    from phasesweep._gallery._fit import run_range
+
+    ratios = np.array([0.9, 1.2, np.nan, 1.05])
+    fit = run_range(ratios)
+    assert (fit.estimate, fit.low, fit.high, fit.n) == (1.05, 0.9, 1.2, 3)
+    assert Check("r", fit, 1.0, 0.25, "why", "within").passed
+    # one run outside fails it, though the median and most runs are inside
+    assert not Check("r", run_range([*ratios, 1.3]), 1.0, 0.25, "why", "within").passed
+    assert "all within" in Check("r", fit, 1.0, 0.1, "why", "within").line()
+    with pytest.raises(ValueError, match="at least one finite"):
+        run_range([np.nan])
+
+
 def test_the_limit_kernel_is_the_mean_of_a_wide_two_layer_relu_nets_tangent_kernel():
     from phasesweep._gallery.ntk_gram import limit_kernel
 
@@ -321,3 +335,31 @@ def test_the_lazy_rich_boundary_of_an_exact_power_law_is_its_level_set():
     assert ((found.g_rich < found.g_star) & (found.g_star <= found.g_lazy)).all()
     (check,) = measure(frame)
     assert check.fit.estimate == pytest.approx(-0.25, abs=1e-12) and check.passed
+
+
+def test_relu_transversal_exponent_and_the_frozen_variation_at_sigma_zero(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "relu_transversal",
+        [
+            "grid={activation: [relu], depth: [2], noise_sigma: [0.0, 1.0], "
+            "data.n_train: [32, 64, 128], seed: [0, 1]}",
+            "train.steps=1000",
+        ],
+    )
+    beta, frozen = evaluation.checks
+    # the budget and the N range are part of the claim; at this size β's interval is too
+    # wide to decide, the σ = 0 criterion is not
+    assert "t = 1000, N 32–128" in beta.label and beta.fit.n == 6
+    assert frozen.passed and frozen.fit.n == 6, evaluation.caption
+    # the SQL's first and last values against the raw trajectories, by pandas
+    con = open_catalog(Store.open(str(tmp_path / "store")))
+    raw = con.execute(
+        "SELECT r.noise_sigma, r.n_train, r.seed, t.step, t.transversal_grad_sq AS v "
+        "FROM trajectories t JOIN runs r USING (run_id) ORDER BY t.step"
+    ).df()
+    con.close()
+    ends = raw.groupby(["noise_sigma", "n_train", "seed"]).v.agg(["first", "last"])
+    frame = evaluation.frame.set_index(["noise_sigma", "n_train", "seed"]).loc[ends.index]
+    assert np.array_equal(frame.transversal_init, ends["first"])
+    assert np.array_equal(frame.transversal_final, ends["last"])

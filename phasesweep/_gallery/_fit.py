@@ -75,12 +75,24 @@ def loglog_fit(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -
     return slope_interval(np.log(x[ok]), np.log(y[ok]), labels)
 
 
+def run_range(values: np.ndarray) -> Fit:
+    """The median of per-run values (shape (n,), n ≥ 1, NaN left out) with their whole
+    range in place of an interval: for claims that hold run by run (checked with
+    ``bound='within'``), where every run, not a mean, must meet the tolerance."""
+    values = np.asarray(values, np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        raise ValueError("a range over runs needs at least one finite value")
+    return Fit(float(np.median(values)), float(values.min()), float(values.max()), 0.0, len(values))
+
+
 @dataclass(frozen=True)
 class Check:
     """One claim of a result against the store: the fitted ``fit`` and the paper's value
     ``theory``; it passes when the interval comes within ``tolerance`` of ``theory``
     (``bound='upper'``: when the interval's low end is at most ``theory + tolerance``, for
-    claims that are bounds, not equalities)."""
+    claims that are bounds, not equalities; ``bound='within'``: when the whole interval
+    lies within ``theory ± tolerance``, for run-by-run claims read with :func:`run_range`)."""
 
     label: str
     fit: Fit
@@ -93,6 +105,10 @@ class Check:
     def passed(self) -> bool:
         if self.bound == "upper":
             return self.fit.low <= self.theory + self.tolerance
+        if self.bound == "within":
+            return self.theory - self.tolerance <= self.fit.low and (
+                self.fit.high <= self.theory + self.tolerance
+            )
         return self.fit.low <= self.theory + self.tolerance and (
             self.fit.high >= self.theory - self.tolerance
         )
@@ -100,7 +116,7 @@ class Check:
     def line(self) -> str:
         """One line: ``label: 1.98 [1.95, 2.01] vs 2 ± 0.05 (why): pass``."""
         f = self.fit
-        relation = "≤" if self.bound == "upper" else "vs"
+        relation = {"upper": "≤", "within": "all within"}.get(self.bound, "vs")
         return (
             f"{self.label}: {f.estimate:.3g} [{f.low:.3g}, {f.high:.3g}] {relation} "
             f"{self.theory:g} ± {self.tolerance:g} ({self.why_tolerance}): "

@@ -23,6 +23,7 @@ from phasesweep._gallery import (
     lazy_phase,
     lazy_training,
     ntk_gram,
+    relu_transversal,
     transversal,
 )
 from phasesweep._gallery._result import Result
@@ -45,6 +46,7 @@ RESULTS: dict[str, Result] = {
         transversal.RESULT,
         biasfree_plateau.RESULT,
         lazy_phase.RESULT,
+        relu_transversal.RESULT,
     )
 }
 
