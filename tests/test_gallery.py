@@ -103,7 +103,7 @@ def test_a_run_by_run_check_needs_every_run_within_the_tolerance():
 
 
 def test_the_limit_kernel_is_the_mean_of_a_wide_two_layer_relu_nets_tangent_kernel():
-    from phasesweep._gallery.ntk_gram import limit_kernel
+    from phasesweep._gallery.results.ntk_gram import limit_kernel
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal((5, 4))
@@ -203,7 +203,7 @@ def test_ntk_eigenvalue_gaps_shrink_like_width_to_the_minus_half(tmp_path):
     assert len(evaluation.checks) == 2
     assert evaluation.passed, evaluation.caption
     # the closed form on the rebuilt probe set is what the widest nets' kernels approach
-    from phasesweep._gallery.ntk_gram import with_gaps
+    from phasesweep._gallery.results.ntk_gram import with_gaps
 
     widest = with_gaps(evaluation.frame).query("width == 16384")
     assert np.allclose(widest.ntk_eig_min, widest.limit_min, rtol=0.1)
@@ -299,7 +299,7 @@ def test_lazy_rich_boundary_slope_in_width(tmp_path):
     assert len(evaluation.checks) == 1
     assert evaluation.passed, evaluation.caption
     # every (width, seed) line flips once inside the grid: 3 widths x 2 seeds boundaries
-    from phasesweep._gallery.lazy_phase import boundaries
+    from phasesweep._gallery.results.lazy_phase import boundaries
 
     found = boundaries(evaluation.frame)
     assert len(found) == 6 and (found.g_rich < found.g_star).all()
@@ -312,7 +312,7 @@ def test_the_lazy_rich_boundary_of_an_exact_power_law_is_its_level_set():
     (all lazy, or not converged before its first lazy run) has none."""
     import pandas as pd
 
-    from phasesweep._gallery.lazy_phase import boundaries, measure
+    from phasesweep._gallery.results.lazy_phase import boundaries, measure
 
     theta, constant = 0.1, 0.3
     rows = []

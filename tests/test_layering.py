@@ -226,7 +226,7 @@ def test_every_module_keeps_to_its_layer():
         ("phasesweep._cli", "from phasesweep.storage import verify", "storage"),
         ("phasesweep._cli._run", "from phasesweep.pipeline.run import _launch", "pipeline.run"),
         ("phasesweep._gallery._gallery", "from phasesweep import _api", "_api"),
-        ("phasesweep._gallery.lazy_training", "from phasesweep._cli import main", "_cli"),
+        ("phasesweep._gallery.results.lazy_training", "from phasesweep._cli import main", "_cli"),
     ],
 )
 def test_a_forbidden_import_is_found(module, source, target):

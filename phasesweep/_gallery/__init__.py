@@ -1,7 +1,7 @@
 """The seeds' gallery: every headline result of the five seed texts reproduced from the
 store, with the paper's prediction on the same axes and the agreement measured.
 
-One module per result (``lazy_training``, …), each a declarative
+One module per result in ``results/`` (``lazy_training``, …), each a declarative
 :class:`~phasesweep._gallery._result.Result`: the paper and equation, the sweep of
 ``sweeps/`` it needs at its default and ``--full`` size, the SQL that reads its numbers,
 the fit with its 95 % interval and the pass criterion, the figure. The use case

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from phasesweep._config import SpecError
-from phasesweep._gallery import (
+from phasesweep._gallery._result import Result
+from phasesweep._gallery.results import (
     balance,
     biasfree_plateau,
     biasfree_time,
@@ -26,7 +27,6 @@ from phasesweep._gallery import (
     relu_transversal,
     transversal,
 )
-from phasesweep._gallery._result import Result
 
 if TYPE_CHECKING:
     import pandas as pd

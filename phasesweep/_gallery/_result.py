@@ -2,7 +2,7 @@
 at its default and ``--full`` size, the SQL that reads its numbers from the store, the fit
 and pass criterion (:class:`~phasesweep._gallery._fit.Check`) and its figure.
 
-A result module (``phasesweep/_gallery/<name>.py``) defines one :class:`Result` named
+A result module (``phasesweep/_gallery/results/<name>.py``) defines one :class:`Result` named
 ``RESULT``; :data:`phasesweep._gallery._gallery.RESULTS` lists them.
 """
 
