@@ -148,7 +148,7 @@ RESULT = Result(
             "model.init_scale=1.0e-3",
             "train.steps=45000",
         ),
-        5.0,
+        0.9,
     ),
     full=Size(
         (
