@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from phasesweep.pipeline.grid import Point, expand, make_chunks
 from phasesweep.pipeline.spec import SweepSpec, load_spec_and_raw
 from phasesweep.pipeline.train._trainer import train_chunk
@@ -78,8 +79,10 @@ def geo_mean(values) -> float:
 
 def store_sweep(path: Path, overrides: list[str], store) -> SweepSpec:  # noqa: ANN001
     """Train the spec at ``path`` with ``overrides`` in-process (no Ray) and commit its
-    chunks to ``store`` as a launch does (``Store.write_chunk``); the spec."""
-    spec, _ = load_spec_and_raw(path, list(overrides))
+    chunks to ``store`` as a launch does (``Store.write_chunk``, and the spec with its
+    overrides, which ``analyze`` reads its settings from); the spec."""
+    spec, raw = load_spec_and_raw(path, list(overrides))
+    store.write_spec(spec.name, yaml.safe_dump(raw, sort_keys=False))
     for chunk in make_chunks(expand(spec), spec):
         store.write_chunk(spec.name, chunk.chunk_id, train_chunk(chunk))
     return spec
