@@ -17,6 +17,7 @@ from phasesweep._gallery import (
     balance,
     biasfree_plateau,
     biasfree_time,
+    escape_rank,
     escape_time,
     lazy_training,
     ntk_gram,
@@ -41,6 +42,7 @@ RESULTS: dict[str, Result] = {
         escape_time.RESULT,
         transversal.RESULT,
         biasfree_plateau.RESULT,
+        escape_rank.RESULT,
     )
 }
 
