@@ -58,7 +58,7 @@ def gallery_rows(con, sweep: str, page_dir: Path | str) -> list[dict]:
     frame = con.execute(GALLERY_SQL, {"sweep": sweep}).df()
     rows = []
     for r in frame.to_dict("records"):
-        relation = "≤ {e:g} + {t:g}" if r["bound"] == "upper" else "{e:g} ± {t:g}"
+        relation = "{e:g} ± {t:g}" if r["bound"] == "equal" else "≤ {e:g} + {t:g}"
         figure, href = _figure_link(r["figure"], Path(page_dir))
         rows.append(
             {

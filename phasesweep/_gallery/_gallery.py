@@ -20,6 +20,7 @@ from phasesweep._gallery.results import (
     balance,
     biasfree_plateau,
     biasfree_time,
+    escape_rank,
     escape_time,
     lazy_phase,
     lazy_training,
@@ -47,6 +48,7 @@ RESULTS: dict[str, Result] = {
         biasfree_plateau.RESULT,
         lazy_phase.RESULT,
         relu_transversal.RESULT,
+        escape_rank.RESULT,
     )
 }
 
