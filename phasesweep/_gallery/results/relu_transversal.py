@@ -144,7 +144,7 @@ RESULT = Result(
             "train.steps=4000",
             "train.log_points=30",
         ),
-        2.7,
+        0.6,
     ),
     full=Size(
         (
