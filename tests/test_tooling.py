@@ -30,7 +30,14 @@ def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.process
 def test_the_wheel_holds_every_module_of_the_layout_under_phasesweep(tmp_path):
     source = tmp_path / "source"
-    skip = shutil.ignore_patterns(".*", "build", "results", "*.egg-info", "__pycache__")
+    patterns = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__")
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        # the store's results/ at the top, not the gallery's package of that name
+        return patterns(folder, names) | (
+            {"results"} & set(names) if Path(folder) == ROOT else set()
+        )
+
     shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
     build = "from setuptools import build_meta; print(build_meta.build_wheel(__import__('sys').argv[1]))"
     done = _python("-c", build, str(tmp_path / "dist"), cwd=source)
@@ -156,7 +163,14 @@ def test_the_set_up_is_quiet_about_the_editable_install_and_still_shows_errors(t
     point) in a copy of the checkout, with the pip it installs: the install succeeds and
     says nothing of it; a broken pyproject.toml still fails loudly."""
     source = tmp_path / "source"
-    skip = shutil.ignore_patterns(".*", "build", "results", "*.egg-info", "__pycache__")
+    patterns = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__")
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        # the store's results/ at the top, not the gallery's package of that name
+        return patterns(folder, names) | (
+            {"results"} & set(names) if Path(folder) == ROOT else set()
+        )
+
     shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
     setup = (ROOT / "scripts" / "setup").read_text()
     assert '-e ".[' in setup and "torch==" in setup
