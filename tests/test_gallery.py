@@ -376,3 +376,35 @@ def test_escape_rank_one_weight_changes_in_the_hidden_layers(tmp_path):
     assert (frame.init_srank > 3).all()
     assert len(evaluation.checks) == 2
     assert evaluation.passed, evaluation.caption
+
+
+@pytest.mark.slow
+def test_slow_time_decade_on_the_sigma_squared_scale_read_by_sql(tmp_path):
+    evaluation = _reproduced(
+        tmp_path,
+        "slow_time",
+        [
+            "grid={activation: [linear], depth: [2], noise_sigma: [0.2, 0.25, 0.3, 0.42], "
+            "seed: [0]}",
+            "train.steps=2500",  # t(0.03) + t_decade ≈ 2000 at σ = 0.2
+            "train.log_points=60",
+        ],
+    )
+    (check,) = evaluation.checks
+    assert check.fit.n == 3  # the largest σ is drawn, not fitted
+    assert evaluation.passed, evaluation.caption
+    # the SQL's crossings against numpy's, from the raw trajectories
+    con = open_catalog(Store.open(str(tmp_path / "store")))
+    raw = con.execute(
+        "SELECT r.noise_sigma, t.time, t.transversal_grad_sq AS v "
+        "FROM trajectories t JOIN runs r USING (run_id) WHERE t.time > 0 ORDER BY t.step"
+    ).df()
+    con.close()
+    for sigma, run in raw.groupby("noise_sigma"):
+        gap = np.abs(run.v.to_numpy() / run.v.iloc[-1] - 1)
+        row = evaluation.frame[evaluation.frame.noise_sigma == sigma]
+        for band, column in ((0.3, "t_1"), (0.03, "t_2")):
+            k = np.flatnonzero(gap > band)[-1]  # the last point outside the band
+            logt = np.log(run.time.to_numpy()[k : k + 2])
+            expected = logt[0] + (gap[k] - band) / (gap[k] - gap[k + 1]) * (logt[1] - logt[0])
+            assert row[column].item() == pytest.approx(np.exp(expected), rel=1e-9)

@@ -26,6 +26,7 @@ from phasesweep._gallery.results import (
     lazy_training,
     ntk_gram,
     relu_transversal,
+    slow_time,
     transversal,
 )
 
@@ -49,6 +50,7 @@ RESULTS: dict[str, Result] = {
         lazy_phase.RESULT,
         relu_transversal.RESULT,
         escape_rank.RESULT,
+        slow_time.RESULT,
     )
 }
 
