@@ -17,6 +17,7 @@ import pandas as pd
 
 from phasesweep._gallery._fit import Check, loglog_fit
 from phasesweep._gallery._result import Result, Size
+from phasesweep._gallery.results import ntk_gram
 
 #: The gradient-flow time every run's defect is read at (the sweep's smallest lr
 #: reaches it within its steps).
@@ -105,7 +106,7 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
 RESULT = Result(
     name="balance",
     seed="001",
-    paper="S. S. Du, Gradient descent for non-convex problems in modern machine learning (thesis)",
+    paper=ntk_gram.RESULT.paper,  # the same paper
     reproduces=(
         "layer balance conserved by gradient flow, broken by O(lr) under GD at fixed time "
         "(balancedness of homogeneous nets)"

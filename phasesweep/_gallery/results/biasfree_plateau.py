@@ -27,6 +27,7 @@ import pandas as pd
 
 from phasesweep._gallery._fit import Check, loglog_fit
 from phasesweep._gallery._result import Result, Size
+from phasesweep._gallery.results import biasfree_time
 
 #: ε: the plateau's band around the linear level ℓ, a fraction of the loss range L0 − ℓ.
 BAND = 0.1
@@ -126,7 +127,7 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
 RESULT = Result(
     name="biasfree_plateau",
     seed="004",
-    paper="Y. Zhang, A. Saxe, P. E. Latham, When are bias-free ReLU nets effectively linear?",
+    paper=biasfree_time.RESULT.paper,  # the same paper
     reproduces=(
         "on δ-perturbed symmetric data a bias-free ReLU net stays on the linear solution for "
         "a time ∝ 1/δ (§6.2, Fig. 6b)"

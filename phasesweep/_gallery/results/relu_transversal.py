@@ -25,6 +25,7 @@ import pandas as pd
 
 from phasesweep._gallery._fit import Check, loglog_fit
 from phasesweep._gallery._result import Result, Size
+from phasesweep._gallery.results import transversal
 
 SQL = """\
 WITH ends AS (
@@ -123,7 +124,7 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
 RESULT = Result(
     name="relu_transversal",
     seed="000",
-    paper="J. He, R. Tsai, R. Ward, side-effects of learning from low-dimensional data embedded in Euclidean space",
+    paper=transversal.RESULT.paper,  # the same paper
     reproduces=(
         "ReLU nets: ‖Δ_y f‖² ≈ C/(σ² N^β), β = 0.33–0.46 (eq. 4.3, Table 1); at σ = 0 "
         "W₁V stays at its init (Lemma 3.1)"

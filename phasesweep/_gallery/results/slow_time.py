@@ -29,6 +29,7 @@ import pandas as pd
 
 from phasesweep._gallery._fit import Check, loglog_fit
 from phasesweep._gallery._result import Result, Size
+from phasesweep._gallery.results import transversal
 
 #: ε₁ > ε₂: the two bands, fractions of the limit v_end, a decade apart.
 BANDS = (0.3, 0.03)
@@ -131,7 +132,7 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
 RESULT = Result(
     name="slow_time",
     seed="000",
-    paper="J. He, R. Tsai, R. Ward, side-effects of learning from low-dimensional data embedded in Euclidean space",
+    paper=transversal.RESULT.paper,  # the same paper
     reproduces=(
         "the normal directions converge on the slow O(σ⁻²) time scale (Theorem 2.2, "
         "Figs. 2.2–2.3): the time ‖Δ_y f‖²'s gap to its limit takes to shrink a decade ∝ σ⁻²"
