@@ -304,13 +304,13 @@ def test_metrics_take_one_block_on_an_accelerator_and_cache_blocks_on_the_cpu(mo
     import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
     monkeypatch.setattr(blocks_mod, "free_device_bytes", lambda device: 80 << 30)
-    # activations and sensitivities, kernels, three copies of θ, eight of the largest
-    # matrix the batched spectra hold (the 64 × 64 kernel and hidden layer), four of the
-    # predictor's kernel on 128 + 64 inputs
+    # activations and sensitivities, kernels, θ − θ(0) and two copies of the largest layer,
+    # eight of the largest matrix the batched spectra hold (the 64 × 64 kernel and hidden
+    # layer), four of the predictor's kernel on 128 + 64 inputs
     per_member = itemsize * (
-        2 * 64 * 129 + 4 * 64 * 64 + 3 * (640 + 4096 + 64) + 8 * 64 * 64 + 4 * 192 * 192
+        2 * 64 * 129 + 4 * 64 * 64 + (640 + 4096 + 64) + 2 * 4096 + 8 * 64 * 64 + 4 * 192 * 192
     )
     on_gpu = metrics_block(dims, probe, itemsize, torch.device("cuda"), predictor_rows=192)
-    assert on_gpu == (40 << 30) // per_member  # half of 80 GiB: 23 596 members of this shape
+    assert on_gpu == (40 << 30) // per_member  # half of 80 GiB: 23 743 members of this shape
     spectra_only = metrics_block(dims, probe, itemsize, torch.device("cuda"), kernels=False)
     assert spectra_only > on_gpu  # the kernels and the predictor off: more members a block

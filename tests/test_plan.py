@@ -443,13 +443,14 @@ def test_run_ids_of_a_small_grid_are_those_main_gave_at_c68494a():
 
 
 #: Peak device memory per member that benchmarks/gpu.py measured on an NVIDIA H200
-#: (benchmarks/results/gpu.w16-8192.json, gpu.w256-1024.json; torch.cuda.max_memory_allocated
-#: over one chunk, 1000 and 200 steps): (width, depth, metrics on) -> bytes per member.
+#: (benchmarks/results/gpu.json, main 8ea2ef5; torch.cuda.max_memory_allocated over the
+#: planner's first chunk of the 10⁶-point grid, 1000 steps): (width, depth, metrics on) ->
+#: peak bytes / members.
 MEASURED_ON_H200 = {
-    (16, 2, False): 0.9 * 2**30 / 8192,
-    (16, 2, True): 6.0 * 2**30 / 8192,
-    (256, 4, False): 7.8 * 2**30 / 1024,
-    (256, 4, True): 13.2 * 2**30 / 1024,
+    (16, 2, False): 51_044_250_112 / 500_000,
+    (16, 2, True): 70_875_716_096 / 71_429,
+    (256, 4, False): 48_889_638_400 / 6_993,
+    (256, 4, True): 69_156_518_400 / 4_808,
 }
 
 

@@ -107,14 +107,16 @@ def metrics_working_set(
 ) -> int:
     """Bytes of one member's metrics at a logged step: the probe activations and
     sensitivities (probe × Σ widths, twice), a few probe × probe kernels (``kernels``: the
-    NTK metrics are on) and three copies of θ. ``accelerated``: besides, what the batched
+    NTK metrics are on), θ − θ(0) (held for the whole step) and two copies of the largest
+    layer (the temporaries of its norms and its balance, one layer at a time). ``accelerated``: besides, what the batched
     matmul methods hold at once (:mod:`pipeline.train.metrics._squaring`, ``_subspace``,
     ``_decay``): eight copies of the largest matrix the spectra work on (the two shifted
     kernels, their powers and spares; the layers' shorter side squared, with ``spectra``),
     and four of the kernel on the predictor's ``predictor_rows`` = n_train + probe inputs
     (its set-up; 0 where the predictor is off)."""
-    n_params = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
-    per = 2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels + 3 * n_params
+    layer_sizes = [a * b for a, b in zip(dims[:-1], dims[1:])]
+    per = 2 * probe * sum(dims[1:]) + 4 * probe * probe * kernels
+    per += sum(layer_sizes) + 2 * max(layer_sizes)
     if accelerated:
         layers = [min(a, b) ** 2 * spectra for a, b in zip(dims[:-1], dims[1:])]
         per += 8 * max([probe * probe * kernels, *layers]) + 4 * predictor_rows**2
@@ -125,8 +127,8 @@ def device_member_bytes(config: RunConfig) -> int:
     """Peak device memory of one member on a GPU trial in bytes: data, θ in four copies, the
     step's activations on the training rows (three passes) and the test and probe rows'
     (forwarded at logged steps only), and the metrics' accelerated working set
-    (:func:`metrics_working_set`). On an H200 (``benchmarks/gpu.py``) it came within a
-    factor 1.35 of the measured peak at widths 16 and 256, metrics off and default."""
+    (:func:`metrics_working_set`). On an H200 (``benchmarks/gpu.py``, 1000 steps) it came
+    within a factor 1.4 of the measured peak at widths 16 and 256, metrics off and default."""
     m, d, mc = config.model, config.data, config.metrics
     dims = [d.input_dim] + [m.width] * (m.depth - 1) + [d.output_dim]
     n_params = sum(a * b + (b if m.bias else 0) for a, b in zip(dims[:-1], dims[1:]))
