@@ -626,6 +626,11 @@ def _array(values: Any, type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         flat = pa.array(values[keep], type_.value_type)
         return pa.ListArray.from_arrays(offsets, flat, type=type_, mask=pa.array(lengths == 0))
+    floats = isinstance(values, np.ndarray) and values.dtype.kind == "f" and values.ndim == 1
+    if floats and type_ == pa.from_numpy_dtype(values.dtype):
+        # NaN → NULL as from_pandas does, at a sixth of its cost where nothing is NaN
+        nan = np.isnan(values)
+        return pa.array(values, type=type_, mask=nan if nan.any() else None)
     return pa.array(values, type=type_, from_pandas=True)
 
 

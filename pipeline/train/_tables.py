@@ -19,49 +19,62 @@ from phasesweep.pipeline.train._runs import runs_table
 from phasesweep.storage.schema import CROSSING_COLUMNS, to_table
 from torch import Tensor
 
+#: (table, name, shape) of each value packed into a logged step's block: table "alive",
+#: "traj" or "layers"; shape the value's per-member shape
+Columns = list[tuple[str, str, tuple[int, ...]]]
+
 
 @dataclass
 class LoggedRows:
-    """Host-side accumulation of logged rows: lists of (E,)-shaped numpy arrays per step.
+    """Host-side rows of a chunk's ``n_log`` logged steps, one array per column: ``alive``
+    (E, n_log) bool, ``traj[name]`` (E, n_log), ``layers[name]`` (E, n_log, depth[, k]), the
+    first ``len(steps)`` steps filled (member-major: a column's flat rows are the store's
+    rows in (run, step) order, with no copy).
 
     :meth:`add` packs a logged step's values into one (E, columns) float64 block on the
     device and copies it to the host in one transfer, asynchronous into pinned memory on
-    CUDA (``pinned``); :meth:`settle` waits for the copies and unpacks them into the
-    lists, which everything else reads."""
+    CUDA (``pinned``). The block of the previous logged step is unpacked into the columns
+    then: on CUDA the device has long finished it, and the host unpacks it while the device
+    trains the steps queued since (waiting for it keeps the host at most one logged step
+    ahead of the device), so what is left after the loop is one block, not all of them.
+    :meth:`settle` waits for and unpacks what is left; everything else reads the columns
+    after it."""
 
-    steps: list[int] = field(default_factory=list)
-    alive: list[np.ndarray] = field(default_factory=list)
-    traj: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    layers: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    n_log: int
     pinned: bool = False
-    #: packed host blocks not unpacked yet, with their columns: (table, name, shape)
-    _pending: list[tuple[Tensor, list[tuple[str, str, tuple[int, ...]]]]] = field(
-        default_factory=list
-    )
-    _copied: object = None  # the CUDA event after the last copy
+    steps: list[int] = field(default_factory=list)
+    alive: np.ndarray | None = None
+    traj: dict[str, np.ndarray] = field(default_factory=dict)
+    layers: dict[str, np.ndarray] = field(default_factory=dict)
+    #: packed host blocks not unpacked yet: (step's index, block, its columns, CUDA event)
+    _pending: list[tuple[int, Tensor, Columns, object]] = field(default_factory=list)
 
     def state(self) -> dict:
-        """The rows so far as tensors (what ``torch.load(weights_only=True)`` reads back)."""
+        """The rows so far as tensors, a list of (E,)-shaped ones per column, one per logged
+        step (what ``torch.load(weights_only=True)`` reads back)."""
         self.settle()
-        as_t = lambda arrays: [torch.from_numpy(a) for a in arrays]  # noqa: E731
+        n = len(self.steps)
+        per_step = lambda a: [torch.from_numpy(a[:, s].copy()) for s in range(n)]  # noqa: E731
         return {
             "steps": list(self.steps),
-            "alive": as_t(self.alive),
-            "traj": {k: as_t(v) for k, v in self.traj.items()},
-            "layers": {k: as_t(v) for k, v in self.layers.items()},
+            "alive": [] if self.alive is None else per_step(self.alive),
+            "traj": {k: per_step(v) for k, v in self.traj.items()},
+            "layers": {k: per_step(v) for k, v in self.layers.items()},
         }
 
     @classmethod
-    def from_state(cls, state: dict, pinned: bool = False) -> LoggedRows:
-        """The log of :meth:`state`, its rows on the host wherever the tensors were loaded."""
-        as_np = lambda tensors: [t.cpu().numpy() for t in tensors]  # noqa: E731
-        return cls(
-            list(state["steps"]),
-            as_np(state["alive"]),
-            {k: as_np(v) for k, v in state["traj"].items()},
-            {k: as_np(v) for k, v in state["layers"].items()},
-            pinned,
-        )
+    def from_state(cls, state: dict, n_log: int, pinned: bool = False) -> LoggedRows:
+        """The log of :meth:`state` (of a log of ``n_log`` steps), its rows on the host
+        wherever the tensors were loaded."""
+        log = cls(n_log, pinned)
+        for s, step in enumerate(state["steps"]):
+            values = [("alive", "", state["alive"][s])]
+            values += [("traj", k, v[s]) for k, v in state["traj"].items()]
+            values += [("layers", k, v[s]) for k, v in state["layers"].items()]
+            log.steps.append(step)
+            for table, name, v in values:
+                log._column(table, name, v.shape)[:, s] = v.cpu().numpy()
+        return log
 
     def add(
         self, step: int, alive: Tensor, traj: dict[str, Tensor], layers: dict[str, Tensor]
@@ -71,34 +84,47 @@ class LoggedRows:
         values += [("traj", k, v) for k, v in traj.items()]
         values += [("layers", k, v) for k, v in layers.items()]
         packed = torch.cat([v.detach().reshape(E, -1).to(torch.float64) for *_, v in values], 1)
+        copied = None
         if self.pinned:
             host = torch.empty(packed.shape, dtype=torch.float64, pin_memory=True)
             host.copy_(packed, non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+            copied = torch.cuda.Event()
+            copied.record()
         else:
             host = packed.cpu()
         self.steps.append(step)
-        self._pending.append((host, [(t, k, tuple(v.shape[1:])) for t, k, v in values]))
+        columns = [(t, k, (E, *v.shape[1:])) for t, k, v in values]
+        self._pending.append((len(self.steps) - 1, host, columns, copied))
+        self._unpack(keep=1 if self.pinned else 0)
 
     def settle(self) -> None:
-        """Wait for the copies of :meth:`add` and unpack them into the lists."""
-        if self._copied is not None:
-            self._copied.synchronize()
-            self._copied = None
-        for host, columns in self._pending:
+        """Wait for the copies of :meth:`add` and unpack them into the columns."""
+        self._unpack(keep=0)
+
+    def _unpack(self, keep: int) -> None:
+        """Unpack the pending blocks but the last ``keep``, oldest first."""
+        while len(self._pending) > keep:
+            s, host, columns, copied = self._pending.pop(0)
+            if copied is not None:
+                copied.synchronize()  # type: ignore[attr-defined]
             block = host.numpy()
             start = 0
             for table, name, shape in columns:
-                stop = start + math.prod(shape)
-                value = block[:, start:stop].reshape(block.shape[0], *shape)
+                stop = start + math.prod(shape[1:])
+                self._column(table, name, shape)[:, s] = block[:, start:stop].reshape(shape)
                 start = stop
-                if table == "alive":
-                    self.alive.append(value != 0)
-                else:
-                    store = self.traj if table == "traj" else self.layers
-                    store.setdefault(name, []).append(value)
-        self._pending.clear()
+
+    def _column(self, table: str, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The host array of a column whose per-step values have ``shape`` (E, ...),
+        allocated for ``n_log`` steps on first use."""
+        if table == "alive":
+            if self.alive is None:
+                self.alive = np.zeros((shape[0], self.n_log), dtype=bool)
+            return self.alive
+        store = self.traj if table == "traj" else self.layers
+        if name not in store:  # filled step by step; read up to len(steps) only
+            store[name] = np.empty((shape[0], self.n_log, *shape[1:]))
+        return store[name]
 
 
 def chunk_tables(
@@ -123,32 +149,36 @@ def chunk_tables(
     E = len(members)
     n_log = len(log.steps)
     steps = np.asarray(log.steps, dtype=np.int64)
-    alive = np.stack(log.alive, 1)  # (E, n_log)
+    assert log.alive is not None, "no logged step"
+    rows = log.alive[:, :n_log].reshape(-1)  # (E · n_log,): the rows kept
+    layer_rows = np.repeat(rows, depth)
+    every = bool(rows.all())  # no member diverged: every row is kept, no gather
     run_ids = pa.array(members.run_ids, pa.string())
-    rows = alive.reshape(-1)
-    # the run ids of the rows kept by ``mask`` (E · per_member,), gathered by Arrow: no
-    # Python string per row
-    of_member = lambda per_member, mask: run_ids.take(  # noqa: E731
-        np.repeat(np.arange(E), per_member)[mask]
-    )
 
+    def kept(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The rows of ``values`` that ``mask`` keeps (all of them, uncopied, where every
+        member lived)."""
+        return values if every else values[mask]
+
+    # the run ids of the rows (E · per_member,), gathered by Arrow: no Python string per row
+    of_member = lambda per_member, mask: run_ids.take(  # noqa: E731
+        kept(np.repeat(np.arange(E), per_member), mask)
+    )
     traj_cols: dict[str, np.ndarray | pa.Array] = {
         "run_id": of_member(n_log, rows),
-        "step": np.tile(steps, E)[rows],
+        "step": kept(np.tile(steps, E), rows),
     }
     for name, values in log.traj.items():
-        traj_cols[name] = np.stack(values, 1).reshape(-1)[rows]
+        traj_cols[name] = kept(values[:, :n_log].reshape(-1), rows)
     trajectories = to_table("trajectories", traj_cols, int(rows.sum()))
 
-    layer_rows = np.repeat(rows, depth)
     layer_cols: dict[str, np.ndarray | pa.Array] = {
         "run_id": of_member(n_log * depth, layer_rows),
-        "step": np.tile(np.repeat(steps, depth), E)[layer_rows],
-        "layer": np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log)[layer_rows],
+        "step": kept(np.tile(np.repeat(steps, depth), E), layer_rows),
+        "layer": kept(np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log), layer_rows),
     }
-    for name, values in log.layers.items():
-        arr = np.stack(values, 1)  # (E, n_log, depth[, k]): lists NaN-padded to k
-        layer_cols[name] = arr.reshape(E * n_log * depth, *arr.shape[3:])[layer_rows]
+    for name, values in log.layers.items():  # (E, n_log, depth[, k]): lists NaN-padded to k
+        layer_cols[name] = kept(values[:, :n_log].reshape(-1, *values.shape[3:]), layer_rows)
     layers = to_table("layers", layer_cols, int(layer_rows.sum()))
 
     return {
@@ -170,12 +200,13 @@ def _runs(
 ) -> pa.Table:
     E = len(chunk.members)
     alive_end = final["alive"]
-    last_train = np.stack(log.traj["train_loss"], 1)
-    last_test = np.stack(log.traj["test_loss"], 1)
-    last_time = np.stack(log.traj["time"], 1)
-    logged_alive = np.stack(log.alive, 1)
+    n_log = len(log.steps)
+    last_train = log.traj["train_loss"][:, :n_log]
+    last_test = log.traj["test_loss"][:, :n_log]
+    last_time = log.traj["time"][:, :n_log]
+    logged_alive = log.alive[:, :n_log]  # type: ignore[index]
     # index of the last logged step each member was alive at
-    last_idx = logged_alive.shape[1] - 1 - np.argmax(logged_alive[:, ::-1], axis=1)
+    last_idx = n_log - 1 - np.argmax(logged_alive[:, ::-1], axis=1)
     pick = lambda a: a[np.arange(E), last_idx]  # noqa: E731
     # ‖W_l(0)‖_F per member, summed on the device: one (E, depth) copy to the host
     init_fro = torch.stack(

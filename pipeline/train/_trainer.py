@@ -223,7 +223,7 @@ class ChunkTrainer:
         full_batch = self.optimizer.full_batch
         cuda = self.device.type == "cuda"
         members = LoopState.fresh(self.E, steps, self.dtype, self.device)
-        log = LoggedRows(pinned=cuda)
+        log = LoggedRows(len(logged), pinned=cuda)
 
         stepper = self.make_step()
         self._stepper = stepper
@@ -238,7 +238,7 @@ class ChunkTrainer:
             )
             members = LoopState.resumed(resume, self.device)
             members.derive(t.divergence_factor)
-            log = LoggedRows.from_state(resume["log"], pinned=cuda)
+            log = LoggedRows.from_state(resume["log"], len(logged), pinned=cuda)
             self.optimizer.load_state(resume)
             self.schedule.load_state(resume)
 
