@@ -14,7 +14,8 @@ card's memory; ``--members`` caps it), timed piece by piece as a trial runs it:
 
 - expansion (its points from the grid), set-up (the trainer's constructor: data, initial
   weights, learning rates), training and metrics (the trainer's ``train_s``, ``metrics_s``),
-  tables (the rest of ``run``) and writing the three tables to Parquet with pyarrow;
+  tables (the rest of ``run``) and writing the three tables to Parquet with pyarrow, in
+  the store's encoding as a trial does (``storage._parquet.parquet_bytes``);
 - per point: expansion, set-up and tables in µs; member-steps/s of the training; the
   training's FLOP rate against the card's float64 matmul peak, measured here;
 - the whole grid's time extrapolated from the chunk (chunk seconds × points / chunk size,
@@ -47,13 +48,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from phasesweep.pipeline.grid import Chunk, Grid, Point, flops_per_step, grid_size
 from phasesweep.pipeline.grid._cost import device_member_bytes
 from phasesweep.pipeline.run._plan import expand_task, plan_chunks
 from phasesweep.pipeline.spec import SweepSpec
 from phasesweep.pipeline.train._trainer import HOOK_EVERY, ChunkTrainer
+from phasesweep.storage._parquet import parquet_bytes
 from phasesweep.storage.schema import log_steps
 
 from benchmarks import training
@@ -264,8 +265,8 @@ def grid_chunk(
         tables = trainer.run()
         ran = time.perf_counter()
         with tempfile.TemporaryDirectory() as folder:
-            for name, table in tables.items():
-                pq.write_table(table, f"{folder}/{name}.parquet")
+            for name, table in tables.items():  # encoded as the store does, then one write
+                Path(folder, f"{name}.parquet").write_bytes(parquet_bytes(table))
         written = time.perf_counter()
     except torch.cuda.OutOfMemoryError:
         return {"width": width, "depth": depth, "metrics": metrics, "note": "out of memory"}

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 from phasesweep.storage import schema
 from phasesweep.storage._catalog import catalog_connection, snapshot
 from phasesweep.storage._manifest import encode_entry, manifest_entry
+from phasesweep.storage._parquet import parquet_bytes
 from phasesweep.storage._store import Store, as_store, sentences
-from phasesweep.storage._writer import parquet_bytes
 
 #: Files of an attempt without a commit, and hidden temp files, younger than this are
 #: left alone by ``verify --repair``: they may belong to a write in progress.

@@ -34,7 +34,8 @@ from fsspec import AbstractFileSystem
 from phasesweep.storage import schema
 from phasesweep.storage._backends import Backend, open_backend
 from phasesweep.storage._manifest import check_entry, encode_entry, manifest_entry, sort_entries
-from phasesweep.storage._writer import ParquetStream, atomic_file, parquet_bytes, put_atomic
+from phasesweep.storage._parquet import ParquetStream, parquet_bytes
+from phasesweep.storage._writer import atomic_file, put_atomic
 
 from phasesweep._config import SWEEP_NAME
 

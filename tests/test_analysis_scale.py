@@ -61,7 +61,7 @@ def messy_store(tmp_path, store_make_chunk):
 
 
 def _parquet(table: pa.Table) -> bytes:
-    from phasesweep.storage._writer import parquet_bytes
+    from phasesweep.storage._parquet import parquet_bytes
 
     return parquet_bytes(table)
 

@@ -17,7 +17,8 @@ from phasesweep.storage import (
     schema,
     sql_condition,
 )
-from phasesweep.storage._writer import parquet_bytes, put_atomic
+from phasesweep.storage._parquet import parquet_bytes
+from phasesweep.storage._writer import put_atomic
 
 VIEWS = {
     "runs": schema.RUNS,

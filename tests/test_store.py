@@ -19,10 +19,12 @@ from phasesweep.storage import (
     safe_output_path,
     schema,
 )
+from phasesweep.storage import _parquet as parquet_mod
 from phasesweep.storage import _store as store_mod
 from phasesweep.storage import _writer as writer_mod
 from phasesweep.storage._claims import Claims
-from phasesweep.storage._writer import parquet_bytes, put_atomic
+from phasesweep.storage._parquet import parquet_bytes
+from phasesweep.storage._writer import put_atomic
 
 
 def _rows(con, sql: str) -> list[dict]:
@@ -260,7 +262,7 @@ def test_crash_inside_parquet_writer_leaves_nothing(tmp_path, store_make_chunk, 
         sink.write(b"PAR1 partial bytes")
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(writer_mod.pq, "write_table", broken_write_table)
+    monkeypatch.setattr(parquet_mod.pq, "write_table", broken_write_table)
     with pytest.raises(OSError, match="disk on fire"):
         store.write_chunk("s", "c1", store_make_chunk(["r2"]))
     assert _all_files(tmp_path) == before
