@@ -14,8 +14,8 @@ point:
 - ``setup``: :class:`~pipeline.train._trainer.ChunkTrainer`'s constructor (data, initial
   weights, learning rates);
 - ``tables``: the trainer's time outside its step loop, its metrics and the constructor
-  (its ``other_s``: the tables; the metrics recorder's set-up counts as metrics since
-  main b79976c+1), over ``--steps`` steps;
+  (its ``other_s``: the tables; the metrics recorder's set-up is metrics), over
+  ``--steps`` steps;
 
 and, at width 256, set-up plus tables as a fraction of a 1000-step training of the same
 chunk (the training's seconds per step over ``--steps`` steps, times 1000; the issue's
