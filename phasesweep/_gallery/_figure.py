@@ -21,10 +21,16 @@ CAPTION_WIDTH = 120
 
 
 def spread_points(
-    ax: Axes, frame: pd.DataFrame, x: str, y: str, hue: str, name: str = "{hue} = {value:g}"
+    ax: Axes,
+    frame: pd.DataFrame,
+    x: str,
+    y: str,
+    hue: str,
+    name: str = "{hue} = {value:g}",
+    marker: str = "o",
 ) -> dict:
     """One series per value of ``hue``: the geometric mean over seeds at each ``x`` (a
-    marker) and the seeds' range (an error bar). Returns ``{hue value: colour}``."""
+    ``marker``) and the seeds' range (an error bar). Returns ``{hue value: colour}``."""
     from phasesweep.analysis._style import palette
 
     values = sorted(frame[hue].unique())
@@ -37,7 +43,7 @@ def spread_points(
             per_x.index,
             mid,
             yerr=[mid - np.exp(per_x["min"]), np.exp(per_x["max"]) - mid],
-            fmt="o",
+            fmt=marker,
             ms=5,
             capsize=2,
             color=colours[value],

@@ -78,12 +78,12 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     low, high = PAPER_BETA
-    for depth, grp in frame.groupby("depth"):
+    # the σ are the colours, the depths the markers and the fits' line styles
+    for (depth, grp), marker, line in zip(frame.groupby("depth"), "os^D", ["-", "-.", ":", "--"]):
         noisy = grp[grp.noise_sigma > 0]
         scaled = noisy.assign(by_sigma=noisy.transversal_final * noisy.noise_sigma**2)
-        spread_points(
-            left, scaled, "n_train", "by_sigma", "noise_sigma", f"depth {depth}, σ = {{value:g}}"
-        )
+        name = f"depth {depth}, σ = {{value:g}}"
+        spread_points(left, scaled, "n_train", "by_sigma", "noise_sigma", name, marker)
         check = next(
             c for c in checks if c.label.startswith(f"relu depth {depth},") and "−β" in c.label
         )
@@ -92,7 +92,7 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
             scaled.n_train,
             scaled.by_sigma,
             check.fit.estimate,
-            ls="-",
+            ls=line,
             label=fit_label(f"depth {depth}: −β", check.fit, f"−{low}…−{high}"),
         )
         for beta in PAPER_BETA:
@@ -104,8 +104,10 @@ def draw(frame: pd.DataFrame, checks: list[Check]):  # noqa: ANN201 (a matplotli
     left.xaxis.set_minor_formatter(plt.NullFormatter())
     left.set_title("σ > 0: transversal variation vs N")
     clean = frame[frame.noise_sigma == 0]
-    for depth, grp in clean.groupby("depth"):
-        right.scatter(grp.transversal_init, grp.transversal_final, s=18, label=f"depth {depth}")
+    for (depth, grp), marker in zip(clean.groupby("depth"), "os^D"):
+        right.scatter(
+            grp.transversal_init, grp.transversal_final, s=18, marker=marker, label=f"depth {depth}"
+        )
     if len(clean):
         span = np.geomspace(clean.transversal_init.min(), clean.transversal_init.max(), 20)
         right.plot(span, span, "k--", lw=1, label="final = initial (linear regression)")
