@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import posixpath
 import re
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 
 import duckdb
@@ -25,6 +27,12 @@ from phasesweep.storage._catalog import (
 from phasesweep.storage._store import Damage, Store, as_store
 
 _READ_TYPES = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
+
+
+#: Seconds a query keeps taking the file lists anew while compactions keep replacing the
+#: files it read (at least :data:`SNAPSHOT_TRIES` tries): on a loaded machine a query can
+#: span several compactions in a row, and a count of tries alone gives up after a few.
+SNAPSHOT_PATIENCE_S = 60.0
 
 
 class ReadOnlyQueryError(ValueError):
@@ -57,18 +65,21 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
     (``open_catalog``'s default): it cannot reach any file but the store's tables,
     and the statement check keeps it from writing over those. The whole result is
     materialised in memory: add a LIMIT for large outputs. A query that fails because
-    a file went away meanwhile (a compaction) runs again on new lists.
+    a file went away meanwhile (a compaction) runs again on new lists, for as long as the
+    lists keep changing within :data:`SNAPSHOT_PATIENCE_S`.
     """
     statement = _read_only_statement(sql)
     store = as_store(store_or_uri)
-    for tries_left in reversed(range(SNAPSHOT_TRIES)):
+    patience = time.monotonic() + SNAPSHOT_PATIENCE_S
+    for tries in itertools.count(1):
         files = snapshot(store)
         con = None
         try:
             con = catalog_connection(store, files)
             return con.sql(statement).to_arrow_table()
         except (duckdb.Error, OSError) as e:
-            if tries_left and snapshot(store) != files:
+            again = tries < SNAPSHOT_TRIES or time.monotonic() < patience
+            if again and snapshot(store) != files:
                 continue  # a file listed went away (compaction): run it again on new lists
             if isinstance(e, duckdb.PermissionException):
                 raise ReadOnlyQueryError(f"query needs access that queries do not get: {e}") from e
@@ -78,7 +89,7 @@ def query_table(store_or_uri: Store | str | None, sql: str) -> pa.Table:
         finally:
             if con is not None:
                 con.close()
-    raise AssertionError("unreachable: the last try returns or raises")
+    raise AssertionError("unreachable: itertools.count does not end")
 
 
 def damage_read(store: Store, sql: str, damage: Sequence[Damage]) -> list[Damage]:
