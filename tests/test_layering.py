@@ -87,10 +87,13 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "phasesweep._version": (),
     # the seeds' gallery sits beside the API: it launches sweeps (pipeline.run), analyzes
     # and draws them (analysis), reads the store and rebuilds a run's inputs (spec, data)
-    # for a closed form; only the API imports it
+    # and initial weights (train's init and model) for a closed form; only the API
+    # imports it
     "phasesweep._gallery": (
         "phasesweep._gallery",
         "phasesweep.pipeline.data",
+        "phasesweep.pipeline.train._init",
+        "phasesweep.pipeline.train._models",
         "phasesweep.pipeline.spec",
         "phasesweep.pipeline.grid",
         "phasesweep.pipeline.run",

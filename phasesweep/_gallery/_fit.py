@@ -78,6 +78,19 @@ def mean_interval(values: np.ndarray) -> Fit:
     return Fit(mean, mean - half, mean + half, 0.0, len(v))
 
 
+def fraction_interval(hits: int, n: int) -> Fit:
+    """The fraction ``hits / n`` (counts, n ≥ 1) with its exact (Clopper–Pearson)
+    ``CONFIDENCE`` interval, as a :class:`Fit` whose ``intercept`` is 0: for claims that
+    every run obeys a rule, stated as the fraction that breaks it. Unlike a Student-t
+    interval it does not collapse to a point when no run breaks it: n runs with none
+    broken bound the fraction by 1 − ((1 − CONFIDENCE)/2)^(1/n). Raises ValueError for
+    n < 1 or hits outside [0, n]."""
+    if n < 1 or not 0 <= hits <= n:
+        raise ValueError(f"a fraction needs 0 ≤ hits ≤ n and n ≥ 1, got {hits} of {n}")
+    ci = stats.binomtest(hits, n).proportion_ci(CONFIDENCE, method="exact")
+    return Fit(hits / n, float(ci.low), float(ci.high), 0.0, n)
+
+
 def loglog_fit(x: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> Fit:
     """:func:`slope_interval` of ``log y`` against ``log x`` (the exponent of a power law;
     ``groups``: each its own constant); non-positive values are left out (a log cannot

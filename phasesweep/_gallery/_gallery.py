@@ -20,6 +20,7 @@ from phasesweep._gallery.results import (
     balance,
     biasfree_plateau,
     biasfree_time,
+    depth_region,
     escape_rank,
     escape_time,
     lazy_phase,
@@ -51,6 +52,7 @@ RESULTS: dict[str, Result] = {
         relu_transversal.RESULT,
         escape_rank.RESULT,
         slow_time.RESULT,
+        depth_region.RESULT,
     )
 }
 
