@@ -46,13 +46,13 @@ RESULTS: dict[str, Result] = {
         balance.RESULT,
         biasfree_time.RESULT,
         escape_time.RESULT,
+        depth_region.RESULT,
         transversal.RESULT,
         biasfree_plateau.RESULT,
         lazy_phase.RESULT,
         relu_transversal.RESULT,
         escape_rank.RESULT,
         slow_time.RESULT,
-        depth_region.RESULT,
     )
 }
 
