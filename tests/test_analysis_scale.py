@@ -155,7 +155,7 @@ def test_run_batches_of_an_empty_or_unknown_sweep(tmp_path):
 def test_analysis_writer_streams_and_replaces_atomically(
     tmp_path, store_make_table, store_make_chunk, store_current, monkeypatch
 ):
-    from phasesweep.storage import _writer
+    from phasesweep.storage import _parquet
 
     store = Store.open(str(tmp_path))
     folder = tmp_path / "plateaus" / "sweep=s"
@@ -174,7 +174,7 @@ def test_analysis_writer_streams_and_replaces_atomically(
 
     parts = [store_make_table(schema.PLATEAUS, n, seed=n) for n in (3, 0, 5, 4)]
     want = ordered(schema.to_table("plateaus", pa.concat_tables(parts)))
-    monkeypatch.setattr(_writer, "STREAM_ROW_GROUP", 4)  # row groups of >= 4 rows
+    monkeypatch.setattr(_parquet, "STREAM_ROW_GROUP", 4)  # row groups of >= 4 rows
     with store.analysis_writer("s", "plateaus") as write:
         for p in parts:
             write(p)

@@ -21,9 +21,11 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,10 +132,10 @@ def connect(address: str | None) -> None:
         atexit.unregister(_exit_hook)
         atexit.register(_exit_hook)
     try:
-        with _quiet_token_refusal(bool(target)):
+        with _quiet_token_refusal(bool(target)), _ctrl_c_after():
             ray.init(address=target or "local", **kwargs)
     except BaseException as e:
-        _remove_embedded()
+        disconnect()  # a Ctrl-C held till Ray was up (_ctrl_c_after) finds it started
         joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
         if target and isinstance(e, joining):
             raise SpecError("--address", target, _join_failure(e), "argument") from None
@@ -204,6 +206,32 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
             if not refused:
                 aside.seek(0)
                 os.write(2, aside.read())
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after it, to the
+    handler there was before; a second one raises ``KeyboardInterrupt`` at once. Ray's
+    start-up forks, and a ``KeyboardInterrupt`` raised in an at-fork callback (logging's
+    lock release) is printed and lost: the launch would go on as if never interrupted.
+    Only in the main thread (the only one Python runs signal handlers in)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        signal.raise_signal(signal.SIGINT)
 
 
 def _remove_embedded() -> None:
