@@ -230,8 +230,11 @@ def _ctrl_c_after() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if held:
-        signal.raise_signal(signal.SIGINT)
+    # called here, not re-sent: Ray's start-up may leave SIGINT blocked in this thread
+    if held and callable(previous):
+        previous(signal.SIGINT, None)
+    elif held and previous == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 def _remove_embedded() -> None:
