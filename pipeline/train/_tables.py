@@ -68,11 +68,10 @@ class LoggedRows:
         wherever the tensors were loaded."""
         log = cls(n_log, pinned)
         for s, step in enumerate(state["steps"]):
-            values = [("alive", "", state["alive"][s])]
-            values += [("traj", k, v[s]) for k, v in state["traj"].items()]
-            values += [("layers", k, v[s]) for k, v in state["layers"].items()]
+            traj = {k: v[s] for k, v in state["traj"].items()}
+            layers = {k: v[s] for k, v in state["layers"].items()}
             log.steps.append(step)
-            for table, name, v in values:
+            for table, name, v in _tabled(state["alive"][s], traj, layers):
                 log._column(table, name, v.shape)[:, s] = v.cpu().numpy()
         return log
 
@@ -80,9 +79,7 @@ class LoggedRows:
         self, step: int, alive: Tensor, traj: dict[str, Tensor], layers: dict[str, Tensor]
     ) -> None:
         E = alive.shape[0]
-        values = [("alive", "", alive)]
-        values += [("traj", k, v) for k, v in traj.items()]
-        values += [("layers", k, v) for k, v in layers.items()]
+        values = _tabled(alive, traj, layers)
         packed = torch.cat([v.detach().reshape(E, -1).to(torch.float64) for *_, v in values], 1)
         copied = None
         if self.pinned:
@@ -125,6 +122,16 @@ class LoggedRows:
         if name not in store:  # filled step by step; read up to len(steps) only
             store[name] = np.empty((shape[0], self.n_log, *shape[1:]))
         return store[name]
+
+
+def _tabled(
+    alive: Tensor, traj: dict[str, Tensor], layers: dict[str, Tensor]
+) -> list[tuple[str, str, Tensor]]:
+    """A logged step's values as (table, name, value), in the order a block packs them."""
+    values = [("alive", "", alive)]
+    values += [("traj", k, v) for k, v in traj.items()]
+    values += [("layers", k, v) for k, v in layers.items()]
+    return values
 
 
 def chunk_tables(
