@@ -1,7 +1,9 @@
 """Every documented example runs as written, in the order a newcomer meets it: the
 quickstart, then the README's shell, Python and SQL examples, the Python API reference's
 example (docs/reference/api.md) and every ``--help`` example, one after another in one
-folder and one store (``./results``), each exiting 0.
+folder and one store (``./results``), each exiting 0; the README's relaunch of a part of
+the grid trains nothing, its ``status`` counts the whole grid, and its Python example adds
+a sweep of its own beside the quickstart, and each of its SQL queries returns rows.
 
 The examples are read from the documents and the commands themselves, not copied here,
 so an example that changes is tested as it now reads. What a newcomer on one machine
@@ -69,11 +71,23 @@ def _skipped(command: str) -> str | None:
     return next((why for what, why in SKIPPED.items() if what in command), None)
 
 
+#: What a README shell example must print (stderr or stdout), once the quickstart's 100
+#: points are stored: a relaunch of a part of the grid trains nothing, and status counts
+#: the whole grid.
+README_SAYS = {
+    "phasesweep run sweeps/quickstart.yaml --set 'grid.width=[64,256]'": (
+        "50 points; skipping 50 already stored; training 0"
+    ),
+    "phasesweep status quickstart": "100 of 100 points done, 0 remaining",
+}
+
+
 @pytest.mark.process
 @pytest.mark.ray
 @pytest.mark.heavy
 def test_every_documented_example_runs_in_order(tmp_path, shared_ray):
     from phasesweep.pipeline.run._standing import driver_env
+    from phasesweep.storage import run_query
 
     from phasesweep import standing_address
 
@@ -118,7 +132,7 @@ def test_every_documented_example_runs_in_order(tmp_path, shared_ray):
     steps.append(("api.md", [sys.executable, "-c", example[0]]))
     steps += [("--help", ["bash", "-c", c]) for c in _help_examples()]
 
-    ran = []
+    ran, checked = [], set()
     for where, argv in steps:
         command = argv[-1]
         if _skipped(command):
@@ -132,4 +146,19 @@ def test_every_documented_example_runs_in_order(tmp_path, shared_ray):
             f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
         )
         assert "Traceback" not in proc.stderr, (where, command, proc.stderr[-3000:])
+        said = [v for k, v in README_SAYS.items() if where == "README" and command.startswith(k)]
+        assert all(s in proc.stdout + proc.stderr for s in said), (command, said, proc.stderr)
+        checked.update(k for k in README_SAYS if where == "README" and command.startswith(k))
+        if where == "README" and argv[0] == sys.executable and "quickstart_short" in command:
+            names, rows = run_query(
+                tmp_path / "results",
+                "SELECT sweep, count(*) FROM runs GROUP BY ALL ORDER BY 1",
+            )
+            assert rows == [("quickstart", 100), ("quickstart_short", 100)], rows
+            checked.add("quickstart_short")
+        if where == "README" and argv[:2] == ["phasesweep", "query"]:
+            names, rows = run_query(tmp_path / "results", command.strip().rstrip(";"))
+            assert rows and rows[0][-1] is not None, (command, rows[:3])
+            checked.add("sql")
     assert len(ran) >= 25, ran
+    assert checked == {*README_SAYS, "quickstart_short", "sql"}, checked

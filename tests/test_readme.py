@@ -1,41 +1,15 @@
-"""The README's SQL runs as written against a (scaled-down) quickstart store."""
+"""The README names its two commands, and ``run --help``'s examples plan as they say after
+the quickstart. The README's shell, Python and SQL examples run in tests/test_examples.py."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from phasesweep.storage import run_query
 
 from phasesweep._cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-@pytest.fixture(scope="module")
-def quickstart_store(tmp_path_factory):
-    import ray
-
-    store = tmp_path_factory.mktemp("readme") / "store"
-    small = [
-        "--set",
-        "grid.width=[16,64]",
-        "--set",
-        "grid.init_scale={logspace: [-1, 0.5, 3]}",
-        "--set",
-        "grid.seed=[0,1]",
-        "--set",
-        "train.steps=300",
-        "--set",
-        "analysis.at_time=150",  # lr 0.5 x 300 steps: every run's end
-    ]
-    assert (
-        main(["run", "sweeps/quickstart.yaml", "--store", str(store), "--no-progress", *small]) == 0
-    )
-    ray.shutdown()
-    assert main(["analyze", "quickstart", "--store", str(store)]) == 0
-    return store
 
 
 def test_readme_names_the_two_commands_and_quickstart():
@@ -45,22 +19,6 @@ def test_readme_names_the_two_commands_and_quickstart():
     assert (
         "bash scripts/test" in (README.parent / ".ci" / "run").read_text()
     )  # CI runs the README's command
-
-
-@pytest.mark.ray
-def test_every_readme_query_runs_and_returns_rows(quickstart_store):
-    queries = re.findall(r"```sql\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(queries) >= 4
-    for sql in queries:
-        names, rows = run_query(quickstart_store, sql.strip().rstrip(";"))
-        assert rows, sql
-        assert all(r[-1] is not None for r in rows[:1]), sql
-
-
-def _block(heading: str, language: str) -> str:
-    """The first ``language`` code block of the README section ``heading``."""
-    section = README.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(rf"```{language}\n(.*?)```", section, flags=re.S).group(1)
 
 
 @pytest.fixture
@@ -96,45 +54,6 @@ def quickstart_left(tmp_path):
     store.write_chunk("quickstart", "c0", tables)
     assert store.done_run_ids("quickstart") == set(real.values())
     return tmp_path
-
-
-@pytest.mark.ray
-@pytest.mark.process
-@pytest.mark.heavy
-def test_every_documented_command_works_as_written_after_the_quickstart(quickstart_left):
-    """README "Using it", then "From Python", in that order, in a folder the quickstart
-    left (the cluster line aside): each exits 0; the relaunch of a part of the grid
-    trains nothing and leaves the stored grid whole."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    env.pop("PHASESWEEP_STORE", None)
-    lines = [
-        line.split("  #")[0]
-        for line in _block("Using it", "bash").splitlines()
-        if line.startswith("phasesweep ") and "--address" not in line
-    ]
-    assert len(lines) == 5 and "--set 'grid.width=[64,256]'" in lines[1]
-    for line in lines:
-        done = subprocess.run(
-            line, shell=True, cwd=quickstart_left, env=env, capture_output=True, text=True
-        )
-        assert done.returncode == 0, (line, done.stderr[-2000:])
-        if "grid.width" in line:
-            assert "50 points; skipping 50 already stored; training 0" in done.stderr
-        if line.startswith("phasesweep status"):
-            assert "100 of 100 points done, 0 remaining" in done.stdout
-    python = _block("From Python", "python")
-    done = subprocess.run(
-        [sys.executable, "-c", python], cwd=quickstart_left, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    names, rows = run_query(
-        quickstart_left / "results", "SELECT sweep, count(*) FROM runs GROUP BY ALL ORDER BY 1"
-    )
-    assert rows == [("quickstart", 100), ("quickstart_short", 100)]
 
 
 def test_the_run_help_examples_are_accepted_after_the_quickstart(
