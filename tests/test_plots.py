@@ -222,3 +222,37 @@ def test_tick_labels():
         "1e5",
         "relu",
     ]
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_save_draws_what_savefig_draws(tmp_path, tight):
+    """``save`` lays a figure out once for both formats: the PNG is ``savefig``'s own,
+    pixel for pixel, cropped as ``savefig.bbox`` says (the theme's tight box, or none); the
+    SVG has the same size as ``savefig``'s."""
+    import re
+
+    import matplotlib.pyplot as plt
+    from phasesweep.analysis._style import theme
+
+    def figure():
+        fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout="constrained")
+        for i, ax in enumerate(axes):
+            ax.loglog(np.logspace(-3, 2, 50), np.logspace(0, 4, 50) ** (i + 1), label=f"L={i}")
+            ax.set(xlabel="init scale g", ylabel="escape time", title=f"depth {i + 2}")
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.suptitle("a title")
+        return fig
+
+    def size(svg: str) -> tuple[float, ...]:
+        found = re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', svg)
+        return tuple(float(v) for v in found.groups())
+
+    with theme() if tight else plt.rc_context():
+        png, svg = save(figure(), tmp_path, "ours")
+        theirs = figure()
+        theirs.savefig(tmp_path / "theirs.png")
+        theirs.savefig(tmp_path / "theirs.svg")
+        plt.close(theirs)
+    assert np.array_equal(mpimg.imread(png), mpimg.imread(tmp_path / "theirs.png"))
+    ours, want = size(svg.read_text()), size((tmp_path / "theirs.svg").read_text())
+    assert np.allclose(ours, want, atol=1.0 if tight else 0.0), (ours, want)
