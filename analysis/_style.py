@@ -19,6 +19,7 @@ if not os.environ.get("MPLBACKEND"):
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from phasesweep.storage.schema import COLUMNS  # noqa: E402
 
 #: Axis labels, with what the quantity is and its unit (most are dimensionless ratios): the
@@ -116,7 +117,7 @@ def save(fig: plt.Figure, out_dir: Path | str, name: str) -> list[Path]:
     return paths
 
 
-def _freeze_layout(fig: plt.Figure):
+def _freeze_layout(fig: plt.Figure) -> Bbox | None:
     """Lay ``fig`` out once and keep that layout; the box ``savefig`` would crop to (a
     ``Bbox`` in inches, padded by ``savefig.pad_inches``) where ``savefig.bbox`` is
     ``"tight"``, else None.
