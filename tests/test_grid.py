@@ -249,19 +249,20 @@ def test_streaming_holds_far_less_than_the_list_of_points(grid):
 
 @pytest.mark.slow
 def test_a_large_grid_streams_in_bounded_memory():
-    """2·10**5 points of a lazy model section (10**4 combinations): the peak while
-    streaming stays below what a tenth of them held in a list take."""
+    """10**5 points of a lazy model section (10**4 combinations): the peak while
+    streaming stays below what a tenth of them held in a list take (measured: 0.6 MB
+    against 27 MB)."""
     spec = _spec(
         {
             "init_scale": {"logspace": [-3, 1, 100]},
             "width": {"range": [2, 102]},  # model section: 10**4 combinations, lazy
-            "seed": {"range": [0, 20]},
+            "seed": {"range": [0, 10]},
         }
     )
-    small = _spec({"seed": {"range": [0, 2 * 10**4]}, "width": [8]})
+    small = _spec({"seed": {"range": [0, 10**4]}, "width": [8]})
     n_small, bytes_small = _list_bytes(small)
     n, peak = _peak_while_iterating(spec)
-    assert (n_small, n) == (2 * 10**4, 2 * 10**5)
+    assert (n_small, n) == (10**4, 10**5)
     assert peak < bytes_small, (peak, bytes_small)
 
 
