@@ -279,9 +279,10 @@ def synthetic_store(tmp_path_factory) -> Callable[..., tuple[Store, str]]:
 def shared_ray() -> Iterator[str]:
     """``--address`` of the one local Ray that this session's (under pytest-xdist, this
     worker's) launches in processes of their own share (the CLI's:
-    ``phasesweep_cli([..., "--address", shared_ray])``): a standing local Ray (:mod:`pipeline.run._standing`) in a folder of the session's, stopped at
-    its end (or by its own watchdog two idle minutes after a killed session). Joining it
-    takes a fraction of a second, where a launch on an embedded Ray starts and stops one.
+    ``phasesweep_cli([..., "--address", shared_ray])``): a standing local Ray
+    (:mod:`pipeline.run._standing`) in a folder of the session's, stopped at its end (or by
+    its own watchdog two idle minutes after a killed session). Joining it takes a fraction
+    of a second, where a launch on an embedded Ray starts and stops one.
     For tests whose subject is not the embedded instance itself, and whose trials need
     nothing from the launch's environment (trials run in the shared instance's).
 
