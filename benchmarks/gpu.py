@@ -15,7 +15,9 @@ card's memory; ``--members`` caps it), timed piece by piece as a trial runs it:
 - expansion (its points from the grid), set-up (the trainer's constructor: data, initial
   weights, learning rates), training and metrics (the trainer's ``train_s``, ``metrics_s``),
   tables (the rest of ``run``) and writing the three tables to Parquet with pyarrow, in
-  the store's encoding as a trial does (``storage._parquet.parquet_bytes``);
+  the store's encoding as a trial does (``storage._parquet.encode_tables``), on one
+  thread and on :data:`WRITE_THREADS` (a trial given that many CPUs; the chunk's time
+  and the grid's extrapolation count the latter);
 - per point: expansion, set-up and tables in µs; member-steps/s of the training; the
   training's FLOP rate against the card's float64 matmul peak, measured here;
 - the whole grid's time extrapolated from the chunk (chunk seconds × points / chunk size,
@@ -54,7 +56,7 @@ from phasesweep.pipeline.grid._cost import device_member_bytes
 from phasesweep.pipeline.run._plan import expand_task, plan_chunks
 from phasesweep.pipeline.spec import SweepSpec
 from phasesweep.pipeline.train._trainer import HOOK_EVERY, ChunkTrainer
-from phasesweep.storage._parquet import parquet_bytes
+from phasesweep.storage._parquet import encode_tables
 from phasesweep.storage.schema import log_steps
 
 from benchmarks import training
@@ -69,6 +71,10 @@ INIT_SCALES, SEEDS = 50, 20_000
 
 #: The metrics of the two runs of a chunk: all off, and the defaults.
 METRICS = {"off": {"ntk": False, "spectra": False, "linearized": False}, "default": {}}
+
+#: Threads that encode a chunk's tables in the chunk's time: a GPU trial given as many CPUs
+#: (``--cpus-per-trial 3``), one per table (:func:`~storage._parquet.encode_tables`).
+WRITE_THREADS = 3
 
 #: Steps of the agreement with the CPU (the CPU trains those points too).
 AGREE_STEPS = 200
@@ -234,6 +240,16 @@ def kernels_per_step(points: Sequence[Point], device: str, window: int = HOOK_EV
     }
 
 
+def _write(tables: dict[str, pa.Table], threads: int) -> float:
+    """Seconds to encode ``tables`` as the store does on ``threads`` threads and write each
+    file."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        for name, data in encode_tables(tables, threads).items():
+            Path(folder, f"{name}.parquet").write_bytes(data)
+    return time.perf_counter() - started
+
+
 def grid_chunk(
     width: int,
     depth: int,
@@ -264,16 +280,13 @@ def grid_chunk(
         built = time.perf_counter()
         tables = trainer.run()
         ran = time.perf_counter()
-        with tempfile.TemporaryDirectory() as folder:
-            for name, table in tables.items():  # encoded as the store does, then one write
-                Path(folder, f"{name}.parquet").write_bytes(parquet_bytes(table))
-        written = time.perf_counter()
+        write_1_s, write_s = _write(tables, 1), _write(tables, WRITE_THREADS)
     except torch.cuda.OutOfMemoryError:
         return {"width": width, "depth": depth, "metrics": metrics, "note": "out of memory"}
     E, cfg = len(chunk.points), chunk.points[0].config
     timing = trainer.timing
     tables_s = (ran - built) - timing["train_s"] - timing["metrics_s"]
-    chunk_s = written - started
+    chunk_s = ran - started + write_s
     planned = E * device_member_bytes(cfg)
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     us = 1e6 / E
@@ -289,7 +302,9 @@ def grid_chunk(
         "train_s": timing["train_s"],
         "metrics_s": timing["metrics_s"],
         "tables_s": tables_s,
-        "write_s": written - ran,
+        "write_s": write_s,
+        "write_1_thread_s": write_1_s,
+        "write_threads": WRITE_THREADS,
         "chunk_s": chunk_s,
         "grid_s": chunk_s * size / E,
         "us_per_point": {
@@ -385,14 +400,15 @@ def markdown(report: dict[str, Any]) -> str:
         "One chunk of the 10⁶-point grid (module docstring), seconds:",
         "",
         "| width | depth | metrics | members | expansion | set-up | training | metrics | "
-        "tables | Parquet | chunk | whole grid (extrapolated) | µs/point expansion, set-up, "
+        f"tables | Parquet, 1 thread | Parquet, {WRITE_THREADS} threads | chunk | whole grid "
+        "(extrapolated) | µs/point expansion, set-up, "
         "tables | member-steps/s | of peak | device GiB measured / planned |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         head = f"| {r['width']} | {r['depth']} | {r['metrics']} |"
         if "note" in r:
-            lines.append(f"{head} {r['note']} |" + " |" * 12)
+            lines.append(f"{head} {r['note']} |" + " |" * 13)
             continue
         per = r["us_per_point"]
         cells = [
@@ -405,6 +421,7 @@ def markdown(report: dict[str, Any]) -> str:
                     "train_s",
                     "metrics_s",
                     "tables_s",
+                    "write_1_thread_s",
                     "write_s",
                     "chunk_s",
                     "grid_s",

@@ -1,6 +1,6 @@
 """The store's Parquet encoding: zstd, statistics on, byte-stream-split floats, balanced
-row groups; a table in memory (:func:`parquet_bytes`) or streamed into a file
-(:class:`ParquetStream`).
+row groups; a table in memory (:func:`parquet_bytes`), several tables at once on threads
+(:func:`encode_tables`) or one streamed into a file (:class:`ParquetStream`).
 
 Only pyarrow: a GPU machine that trains and writes chunks without fsspec or DuckDB
 (``benchmarks/gpu.py``) encodes its tables as a trial does.
@@ -9,6 +9,8 @@ Only pyarrow: a GPU machine that trains and writes chunks without fsspec or Duck
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -33,6 +35,23 @@ def parquet_bytes(table: pa.Table) -> bytes:
         **_encoding(table.schema),
     )
     return sink.getvalue().to_pybytes()
+
+
+def encode_tables(tables: Mapping[str, pa.Table], threads: int = 1) -> dict[str, bytes]:
+    """:func:`parquet_bytes` of each of ``tables``, on up to ``threads`` threads at once.
+
+    pyarrow encodes one file on one thread and releases the GIL while it does, so a
+    chunk's three tables (trajectories and layers about 45 % of the time each, runs the
+    rest) encode in about half the time on three threads. The bytes are those of
+    :func:`parquet_bytes`, whatever ``threads``. Cost: every encoded file is held in
+    memory at once (compressed, a fraction of the tables themselves). ``threads`` should
+    be the CPUs the caller was given (a Ray trial's), not the machine's.
+    """
+    if threads <= 1 or len(tables) <= 1:
+        return {name: parquet_bytes(table) for name, table in tables.items()}
+    with ThreadPoolExecutor(min(threads, len(tables))) as pool:
+        encoded = pool.map(parquet_bytes, tables.values())
+        return dict(zip(tables, encoded, strict=True))
 
 
 def _encoding(schema: pa.Schema) -> dict:

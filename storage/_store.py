@@ -34,7 +34,7 @@ from fsspec import AbstractFileSystem
 from phasesweep.storage import schema
 from phasesweep.storage._backends import Backend, open_backend
 from phasesweep.storage._manifest import check_entry, encode_entry, manifest_entry, sort_entries
-from phasesweep.storage._parquet import ParquetStream, parquet_bytes
+from phasesweep.storage._parquet import ParquetStream, encode_tables
 from phasesweep.storage._writer import atomic_file, put_atomic
 
 from phasesweep._config import SWEEP_NAME
@@ -367,7 +367,9 @@ class Store:
         dataset = ds.dataset(paths, filesystem=self.arrow_fs, format="parquet")
         return dataset.to_table(columns=columns, filter=done if where is None else done & where)
 
-    def write_chunk(self, sweep: str, chunk_id: str, tables: dict[str, pa.Table]) -> None:
+    def write_chunk(
+        self, sweep: str, chunk_id: str, tables: dict[str, pa.Table], *, threads: int = 1
+    ) -> None:
         """Commit one attempt of a chunk: its ``trajectories``, ``layers`` and ``runs`` rows.
 
         ``tables`` maps table names of ``schema.CHUNK_TABLES`` to Arrow tables with
@@ -379,10 +381,12 @@ class Store:
         any values given, and ``chunk_id`` in ``runs`` where it is absent or NULL; a
         ``chunk_id`` that names another chunk is a ``ValueError``.
 
-        All tables are validated before anything is written. Then every table goes
-        to its own file atomically, ``runs`` last: the ``runs`` file is the commit,
-        and rows of an attempt that dies before it stay invisible in the catalog.
-        A manifest entry follows the commit. See the class docstring on concurrency.
+        All tables are validated and encoded before anything is written (on up to
+        ``threads`` threads: the CPUs the caller was given, see
+        :func:`~storage._parquet.encode_tables`). Then every table goes to its own file
+        atomically, ``runs`` last: the ``runs`` file is the commit, and rows of an
+        attempt that dies before it stay invisible in the catalog. A manifest entry
+        follows the commit. See the class docstring on concurrency.
         """
         check_sweep(sweep)
         if not _CHUNK_ID.fullmatch(chunk_id):
@@ -419,12 +423,12 @@ class Store:
             ):
                 raise ValueError(f"{name}: holds run_ids that are not in the chunk's runs table")
 
+        ready = {name: table for name, table in ready.items() if table.num_rows}
+        encoded = encode_tables(ready, threads)
         files = []
-        for name, table in ready.items():
-            if table.num_rows == 0:
-                continue
+        for name, table in ready.items():  # runs last: the commit
             path = f"{self.table_dir(name)}/sweep={sweep}/part-{chunk_id}-{attempt}.parquet"
-            data = parquet_bytes(table)
+            data = encoded[name]
             self.put(path, data)
             files.append(
                 {

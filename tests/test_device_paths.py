@@ -146,6 +146,32 @@ def test_resume_from_the_store_equals_an_uninterrupted_run(tmp_path, accelerated
         assert d["null_mismatches"] == 0 and (d["max_rel_diff"] == 0 or not exact), column
 
 
+def test_a_trial_encodes_its_tables_on_its_threads(tmp_path, monkeypatch):
+    """`train_and_store` hands the store the trial's torch threads (the CPUs Ray gave it)
+    to encode the chunk's Parquet files on, and the chunk is committed."""
+    from phasesweep.pipeline.run._trial import train_and_store
+    from phasesweep.storage import Store
+
+    chunk = only_chunk(small_spec(train={"steps": 10}, grid={"seed": [0, 1]}))
+    store = Store.open(str(tmp_path / "store"))
+    seen = []
+    real = Store.write_chunk
+
+    def write_chunk(self, sweep, chunk_id, tables, *, threads=1):  # noqa: ANN001
+        seen.append(threads)
+        real(self, sweep, chunk_id, tables, threads=threads)
+
+    monkeypatch.setattr(Store, "write_chunk", write_chunk)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        summary = train_and_store(store.uri, "t", chunk, "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [2] and summary["points"] == 2
+    assert store.done_run_ids("t") == {p.run_id for p in chunk.points}
+
+
 # -- the accelerator's paths on the CPU ------------------------------------------------------
 
 TRAINS = {

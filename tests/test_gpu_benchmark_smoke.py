@@ -38,6 +38,7 @@ def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
         assert math.isclose(r["grid_s"], r["chunk_s"] * r["grid_points"] / 32)
         assert math.isclose(r["us_per_point"]["setup"], r["setup_s"] * 1e6 / 32)
         assert r["peak_bytes"] is None and r["planned_bytes"] > 0 and r["peak_fraction"] > 0
+        assert r["write_1_thread_s"] > 0 and r["write_threads"] == gpu.WRITE_THREADS
     assert default["metrics_s"] > off["metrics_s"]
     (kernels,) = data["kernels"]
     # the CPU has no kernels or launches; its host dispatches the step's operators
@@ -50,6 +51,8 @@ def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
     exact = {c for c, d in agree["per_column"].items() if d["max_rel_diff"] == 0}
     assert {"trajectories.train_loss", "trajectories.kernel_distance", "runs.status"} <= exact
     assert "## Agreement with the CPU" in md and agree["worst_column"] in md
+    chunk_table = md.split("\n\n")[3].splitlines()  # header, rule, a row per chunk
+    assert len(chunk_table) == 4 and len({line.count("|") for line in chunk_table}) == 1
 
 
 def test_column_differences_sees_a_changed_value_and_a_moved_null():

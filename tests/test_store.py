@@ -23,7 +23,7 @@ from phasesweep.storage import _parquet as parquet_mod
 from phasesweep.storage import _store as store_mod
 from phasesweep.storage import _writer as writer_mod
 from phasesweep.storage._claims import Claims
-from phasesweep.storage._parquet import parquet_bytes
+from phasesweep.storage._parquet import encode_tables, parquet_bytes
 from phasesweep.storage._writer import put_atomic
 
 
@@ -127,6 +127,45 @@ def test_file_names_and_parquet_settings(tmp_path, store_make_chunk):
     meta = pq.ParquetFile(pa.BufferReader(parquet_bytes(big))).metadata
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert sizes == [525_000, 525_000]
+
+
+def test_tables_encode_alike_on_threads(tmp_path, store_make_chunk):
+    """A chunk's tables encoded on threads are the bytes of one thread, and a chunk written
+    on three threads reads back as one written on one."""
+    tables = store_make_chunk(["r1", "r2", "r3"], steps=5, depth=2)
+    alone = {name: parquet_bytes(table) for name, table in tables.items()}
+    for threads in (1, 2, 3, 8):
+        encoded = encode_tables(tables, threads)
+        assert list(encoded) == list(tables) and encoded == alone
+
+    store = Store.open(str(tmp_path))
+    store.write_chunk("one", "c0", tables)
+    store.write_chunk("three", "c0", tables, threads=3)
+    con = open_catalog(store)
+    for name, order in (("runs", "run_id"), ("trajectories", "run_id, step")):
+        one, three = (
+            _rows(con, f"SELECT * EXCLUDE (sweep, attempt) FROM {name} "
+                       f"WHERE sweep = '{sweep}' ORDER BY {order}")
+            for sweep in ("one", "three")
+        )  # fmt: skip
+        assert one == three and len(one) == tables[name].num_rows
+
+
+def test_an_encoding_error_on_a_thread_writes_nothing(tmp_path, store_make_chunk, monkeypatch):
+    """Every table is encoded before the first file is written: a table that fails to
+    encode (here the second of three, on its own thread) leaves no file of the chunk."""
+    real = parquet_mod.parquet_bytes
+
+    def failing(table: pa.Table) -> bytes:
+        if "layer" in table.column_names:
+            raise OSError("encoder out of memory")
+        return real(table)
+
+    monkeypatch.setattr(parquet_mod, "parquet_bytes", failing)
+    store = Store.open(str(tmp_path))
+    with pytest.raises(OSError, match="encoder out of memory"):
+        store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]), threads=3)
+    assert _all_files(tmp_path) == []
 
 
 def test_done_run_ids_counts_only_committed(tmp_path, store_make_chunk):

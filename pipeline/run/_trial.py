@@ -229,6 +229,7 @@ def train_and_store(
     (claimed by a live other holder), ``diverged``, ``resumed`` (from a checkpoint)
     and ``interrupted``.
     """
+    import torch
     from phasesweep.pipeline.train._trainer import train_chunk
 
     store = Store.open(store_uri)
@@ -284,8 +285,8 @@ def train_and_store(
                     k: t.filter(pc.is_in(t.column("run_id"), keep)) for k, t in tables.items()
                 }
                 summary["busy"] += len(mine) - len(owned)
-            if tables["runs"].num_rows:
-                store.write_chunk(sweep, chunk.chunk_id, tables)
+            if tables["runs"].num_rows:  # encoded on the trial's threads (its CPUs)
+                store.write_chunk(sweep, chunk.chunk_id, tables, threads=torch.get_num_threads())
             checkpoint.remove()
             status = tables["runs"].column("status").to_pylist()
             summary.update(
