@@ -610,9 +610,12 @@ def to_table(
     if len(lengths) > 1:
         raise ValueError(f"{name}: columns of unequal lengths {sorted(lengths)}")
     n = lengths.pop() if lengths else 0
+    nulls: dict[pa.DataType, pa.Array] = {}  # one all-NULL array per type, shared: immutable
+    for f in target:
+        if f.name not in arrays and f.type not in nulls:
+            nulls[f.type] = pa.nulls(n, f.type)
     return pa.Table.from_arrays(
-        [arrays[f.name] if f.name in arrays else pa.nulls(n, f.type) for f in target],
-        schema=target,
+        [arrays[f.name] if f.name in arrays else nulls[f.type] for f in target], schema=target
     )
 
 

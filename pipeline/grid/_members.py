@@ -170,17 +170,25 @@ class Members:
 
     def config_jsons(self) -> pa.Array:
         """``config.model_dump_json()`` of every member (E,) as an Arrow string array,
-        joined from the sections' JSON without a Python string per member. (pyarrow is
-        imported here: the spec's modules load this package and no heavy library.)"""
+        joined from the sections' JSON without a Python string per member: a section that
+        all members share enters the join as one literal, the others as a gather of their
+        distinct JSON. (pyarrow is imported here: the spec's modules load this package and
+        no heavy library.)"""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         parts: list[pa.Array | str] = []
+        literal = ""
         for k, s in enumerate(SECTIONS):
-            parts.append(("{" if k == 0 else ",") + f'"{s}":')
-            parts.append(pa.array(self.jsons[s], pa.string()).take(pa.array(self.index[s])))
-        parts.append("}")
-        return pc.binary_join_element_wise(*parts, "")
+            literal += ("{" if k == 0 else ",") + f'"{s}":'
+            if len(self.jsons[s]) == 1:
+                literal += self.jsons[s][0]
+                continue
+            parts += [literal, pa.array(self.jsons[s], pa.string()).take(pa.array(self.index[s]))]
+            literal = ""
+        if not parts:  # every section shared
+            return pa.repeat(pa.scalar(literal + "}", pa.string()), len(self))
+        return pc.binary_join_element_wise(*parts, literal + "}", "")
 
     def points(self) -> tuple[Point, ...]:
         """One :class:`Point` per member (a Python object each)."""

@@ -167,12 +167,8 @@ def chunk_tables(
         member lived)."""
         return values if every else values[mask]
 
-    # the run ids of the rows (E · per_member,), gathered by Arrow: no Python string per row
-    of_member = lambda per_member, mask: run_ids.take(  # noqa: E731
-        kept(np.repeat(np.arange(E), per_member), mask)
-    )
     traj_cols: dict[str, np.ndarray | pa.Array] = {
-        "run_id": of_member(n_log, rows),
+        "run_id": _repeated(run_ids, n_log, None if every else rows),
         "step": kept(np.tile(steps, E), rows),
     }
     for name, values in log.traj.items():
@@ -180,7 +176,7 @@ def chunk_tables(
     trajectories = to_table("trajectories", traj_cols, int(rows.sum()))
 
     layer_cols: dict[str, np.ndarray | pa.Array] = {
-        "run_id": of_member(n_log * depth, layer_rows),
+        "run_id": _repeated(run_ids, n_log * depth, None if every else layer_rows),
         "step": kept(np.tile(np.repeat(steps, depth), E), layer_rows),
         "layer": kept(np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log), layer_rows),
     }
@@ -193,6 +189,24 @@ def chunk_tables(
         "layers": layers,
         "runs": _runs(chunk, node_id, log, final, wall, input_dim, init_weights, device),
     }
+
+
+def _repeated(ids: pa.StringArray, times: int, keep: np.ndarray | None) -> pa.StringArray:
+    """Each of ``ids`` ``times`` times in a row, the rows ``keep`` (a mask of
+    ``len(ids) · times``) keeps or all of them: the run ids of a table's rows, with no
+    Python string per row. Ids of one length (the grid's 16 hex digits) are repeated as a
+    byte matrix, in about a third of the time of Arrow's ``take``, which does other ids."""
+    offsets = np.frombuffer(ids.buffers()[1], np.int32, len(ids) + 1, ids.offset * 4)
+    width = int(offsets[1] - offsets[0]) if len(ids) else 0
+    rows = len(ids) * times if keep is None else int(keep.sum())
+    if not width or (np.diff(offsets) != width).any() or rows * width >= 2**31:
+        index = np.repeat(np.arange(len(ids)), times)
+        return ids.take(index if keep is None else index[keep])
+    data = np.frombuffer(ids.buffers()[2], np.uint8, len(ids) * width, int(offsets[0]))
+    repeated = np.repeat(data.reshape(-1, width), times, axis=0)
+    repeated = repeated if keep is None else repeated[keep]
+    starts = np.arange(0, (rows + 1) * width, width, dtype=np.int32)
+    return pa.StringArray.from_buffers(rows, pa.py_buffer(starts), pa.py_buffer(repeated))
 
 
 def _runs(
