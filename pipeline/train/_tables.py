@@ -229,9 +229,14 @@ def _runs(
     # index of the last logged step each member was alive at
     last_idx = n_log - 1 - np.argmax(logged_alive[:, ::-1], axis=1)
     pick = lambda a: a[np.arange(E), last_idx]  # noqa: E731
-    # ‖W_l(0)‖_F per member, summed on the device: one (E, depth) copy to the host
+    # ‖W_l(0)‖_F per member, reduced on the device without a squared copy of the weights:
+    # one (E, depth) copy to the host
     init_fro = torch.stack(
-        [w.detach().reshape(E, -1).double().square().sum(1).sqrt() for w in init_weights], 1
+        [
+            torch.linalg.vector_norm(w.detach().reshape(E, -1), dim=1, dtype=torch.float64)
+            for w in init_weights
+        ],
+        1,
     )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     outcome = {
