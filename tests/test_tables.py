@@ -341,15 +341,15 @@ def test_chunk_tables_built_column_wise_equal_the_per_point_rows():
 def test_repeated_run_ids_are_each_id_per_row(ids):
     """The run ids of a table's rows (each member's id once per row, the rows of diverged
     members dropped) are the naive repetition, from a whole array and from a slice."""
-    from phasesweep.pipeline.train._tables import _repeated
+    from phasesweep.pipeline.train._tables import repeat_ids
 
     rng = np.random.default_rng(0)
     whole = pa.array(["x" * 16, *ids, "y" * 16], pa.string())
     for array, values in ((pa.array(ids, pa.string()), ids), (whole.slice(1, len(ids)), ids)):
         for times in (1, 3):
             naive = [v for v in values for _ in range(times)]
-            assert _repeated(array, times, None).to_pylist() == naive
+            assert repeat_ids(array, times, None).to_pylist() == naive
             keep = rng.random(len(naive)) < 0.6
-            got = _repeated(array, times, keep)
+            got = repeat_ids(array, times, keep)
             assert got.to_pylist() == [v for v, k in zip(naive, keep) if k]
             assert got.type == pa.string()

@@ -168,7 +168,7 @@ def chunk_tables(
         return values if every else values[mask]
 
     traj_cols: dict[str, np.ndarray | pa.Array] = {
-        "run_id": _repeated(run_ids, n_log, None if every else rows),
+        "run_id": repeat_ids(run_ids, n_log, None if every else rows),
         "step": kept(np.tile(steps, E), rows),
     }
     for name, values in log.traj.items():
@@ -176,7 +176,7 @@ def chunk_tables(
     trajectories = to_table("trajectories", traj_cols, int(rows.sum()))
 
     layer_cols: dict[str, np.ndarray | pa.Array] = {
-        "run_id": _repeated(run_ids, n_log * depth, None if every else layer_rows),
+        "run_id": repeat_ids(run_ids, n_log * depth, None if every else layer_rows),
         "step": kept(np.tile(np.repeat(steps, depth), E), layer_rows),
         "layer": kept(np.tile(np.arange(1, depth + 1, dtype=np.int32), E * n_log), layer_rows),
     }
@@ -191,7 +191,7 @@ def chunk_tables(
     }
 
 
-def _repeated(ids: pa.StringArray, times: int, keep: np.ndarray | None) -> pa.StringArray:
+def repeat_ids(ids: pa.StringArray, times: int, keep: np.ndarray | None) -> pa.StringArray:
     """Each of ``ids`` ``times`` times in a row, the rows ``keep`` (a mask of
     ``len(ids) · times``) keeps or all of them: the run ids of a table's rows, with no
     Python string per row. Ids of one length (the grid's 16 hex digits) are repeated as a
