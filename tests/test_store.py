@@ -120,6 +120,14 @@ def test_file_names_and_parquet_settings(tmp_path, store_make_chunk):
         meta = pq.ParquetFile(path).metadata
         column = meta.row_group(0).column(0)
         assert column.compression == "ZSTD" and column.statistics.has_min_max
+        names = meta.schema.names
+        encodings = {names[i]: meta.row_group(0).column(i).encodings for i in range(len(names))}
+        # dictionaries for the strings and integers (ids, steps), byte-stream-split floats
+        integer = "seed" if table == "runs" else "step"
+        assert "RLE_DICTIONARY" in encodings["run_id"] and "RLE_DICTIONARY" in encodings[integer]
+        if table != "runs":
+            float_column = "train_loss" if table == "trajectories" else "fro_norm"
+            assert "BYTE_STREAM_SPLIT" in encodings[float_column]
         assert set(pq.read_table(path, columns=["attempt"]).column(0).to_pylist()) == {attempt}
 
     # Row groups: at most 1,000,000 rows and balanced, so no small trailing group.
