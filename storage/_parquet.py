@@ -41,8 +41,8 @@ def encode_tables(tables: Mapping[str, pa.Table], threads: int = 1) -> dict[str,
     """:func:`parquet_bytes` of each of ``tables``, on up to ``threads`` threads at once.
 
     pyarrow encodes one file on one thread and releases the GIL while it does, so a
-    chunk's three tables (trajectories and layers about 45 % of the time each, runs the
-    rest) encode in about half the time on three threads. The bytes are those of
+    chunk's three tables (trajectories and layers about two fifths of the time each, runs
+    the rest) encode in about half the time on three threads. The bytes are those of
     :func:`parquet_bytes`, whatever ``threads``. Cost: every encoded file is held in
     memory at once (compressed, a fraction of the tables themselves). ``threads`` should
     be the CPUs the caller was given (a Ray trial's), not the machine's.
