@@ -212,6 +212,27 @@ def test_the_capturable_step_run_eagerly_equals_the_cpu_step(train):
         same(getattr(s0, key), getattr(s1, key))
 
 
+@pytest.mark.parametrize("train", TRAINS.values(), ids=TRAINS.keys())
+def test_the_clock_known_ahead_is_the_trainers_bit_for_bit(train):
+    """The schedule's clock at the logged steps (what the accelerated kernel predictor
+    evaluates ahead) equals the time column the trainer stores, bit for bit, on every row
+    of every member (a diverged member's rows end early); none where η depends on θ."""
+    trainer = ChunkTrainer(only_chunk(small_spec(train=train)), accelerated=True)
+    traj = trainer.run()["trajectories"].to_pandas()
+    steps = sorted(int(k) for k in traj.step.unique())
+    clock = trainer.schedule.clock(steps)
+    if train.get("lr_schedule") == "norm_adaptive":
+        assert clock is None
+        return
+    assert clock.shape == (trainer.E, len(steps))
+    compared = 0
+    for e, point in enumerate(trainer.chunk.points):
+        rows = traj[traj.run_id == point.run_id].sort_values("step")
+        np.testing.assert_array_equal(rows.time.to_numpy(), clock[e, : len(rows)].numpy())
+        compared += len(rows)
+    assert compared > trainer.E * len(steps) // 2 and len(steps) >= 10
+
+
 ACCELERATED_CASES = {
     **{name: {"train": train} for name, train in TRAINS.items()},
     "linear_factored": {
@@ -275,9 +296,12 @@ def test_no_host_read_in_a_non_logged_step_and_one_copy_per_logged_step():
         # already (a pinned host tensor on CUDA): no read of the device
         assert copies[0] == ("_tables", "add", "cpu")
         assert set(copies[1:]) <= {("_tables", "_unpack", "numpy")}
-        # the kernel predictor's one read: the largest t‖A‖, for its number of halvings
+        # the kernel predictor's reads: the largest t‖A‖ of a block of logged steps, for
+        # its number of halvings (the clock known ahead: one block of n_train + 1 steps)
         rest = {c[:2] for c in calls} - {("_tables", "add"), ("_tables", "_unpack")}
-        assert rest <= {("_decay", "decay")}
+        assert rest <= {("_decay", "integrals")}
+    predictor = [c for calls in logged for c in calls if c[:2] == ("_decay", "integrals")]
+    assert len(predictor) == -(-len(logged) // (trainer.batch.x_train.shape[1] + 1))
 
 
 def test_the_cpu_step_reads_nothing_on_the_host_either():

@@ -45,14 +45,16 @@ def _linear_gd(jac_x, jac_p, r0, f0_p, times, eta):
 
 @pytest.mark.parametrize("accelerated", [False, True], ids=["eigh", "squaring"])
 @pytest.mark.parametrize("g", [1.0, 0.3])
-def test_kernel_predictor_matches_an_explicit_linearized_training(g, accelerated):
+@pytest.mark.parametrize("log_points", [8, 30])
+def test_kernel_predictor_matches_an_explicit_linearized_training(g, accelerated, log_points):
+    # 30 log points: the accelerated predictor computes them in blocks of n + 1 = 9
     d, m, n, P, lr, steps = 3, 16, 8, 6, 0.05, 200
     spec = validate_spec(
         {
             "name": "lin",
             "model": {"depth": 2, "width": m, "activation": "relu", "init_scale": g},
             "data": {"kind": "teacher", "input_dim": d, "n_train": n, "n_test": P},
-            "train": {"lr": lr, "steps": steps, "log_points": 8},
+            "train": {"lr": lr, "steps": steps, "log_points": log_points},
             "metrics": {"probe_size": P, "spectra": False},
             "grid": {"seed": [0, 1]},
         }

@@ -164,39 +164,64 @@ def test_too_few_iterations_are_seen(monkeypatch):
         test_top_singular_values_against_lapack("gaussian square (init)")
 
 
-# -- exp(−tA)r and its integral by scaling and squaring ----------------------------------------
+# -- ∫₀ᵗ exp(−sA)r ds by scaling and squaring, at many times at once -------------------------
 
 
-def _decay_by_eigh(a: torch.Tensor, t: torch.Tensor, r: torch.Tensor):  # noqa: ANN202
+def _integral_by_eigh(a: torch.Tensor, t: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """∫₀ᵗ exp(−sA) ds · r (E, n, k) at one time t (E,) per member, from A = V Λ Vᵀ."""
     lam, v = torch.linalg.eigh(a)
     lam = lam.clamp_min(0.0)
-    c = v.mT @ r
     x = t.unsqueeze(1) * lam
     gain = torch.where(lam > 0, -torch.expm1(-x) / torch.where(lam > 0, lam, 1.0), t.unsqueeze(1))
-    return v @ (torch.exp(-x).unsqueeze(2) * c), v @ (gain.unsqueeze(2) * c)
+    return v @ (gain.unsqueeze(2) * (v.mT @ r))
 
 
 @pytest.mark.parametrize("case", ["wishart", "graded over 16 decades", "rank 3", "zero"])
 @pytest.mark.parametrize("t_max", [0.0, 1e-3, 1.0, 1e4])
-def test_decay_against_the_eigendecomposition(case, t_max):
+@pytest.mark.parametrize("times", [1, 30], ids=["one time", "30 times"])
+def test_integrals_against_the_eigendecomposition(case, t_max, times):
+    """One time per member (N = 2^S: plain scaling and squaring) and 30 (0, t_max and
+    random ones between: every bit pattern and fraction), each member its own span."""
     a = _symmetric_cases()[case]
     a = a / torch.linalg.vector_norm(a, dim=(1, 2)).clamp_min(1e-300).view(-1, 1, 1) * 3.0
     E, n, _ = a.shape
-    t = torch.linspace(0, t_max, E, dtype=F64)
-    r = torch.randn(E, n, 2, dtype=F64, generator=_rng(20))
+    span = torch.linspace(0, t_max, E, dtype=F64).view(E, 1)
+    t = span * torch.rand(E, times, dtype=F64, generator=_rng(5))
+    t[:, -1:] = span
+    t[:, :1] = 0.0 if times > 1 else span
+    r = torch.randn(E, n, 1, dtype=F64, generator=_rng(20))
     norm = torch.linalg.vector_norm(a, dim=(1, 2))
-    x, y = _decay.decay(a, norm, t, r)
-    x_ref, y_ref = _decay_by_eigh(a, t, r)
-    steps = _decay.halvings(float((t * norm).max())) + 1
-    scale = r.norm(dim=(1, 2)).view(-1, 1, 1)
-    # the docstring's bound: both methods move e^{−tλ} by t·ε‖A‖ (the problem's condition)
-    bound = 8 * (steps * n + t * norm).view(-1, 1, 1) * EPS * scale
-    assert ((x - x_ref).abs() <= bound).all(), ((x - x_ref).abs() / scale).max()
-    assert ((y - y_ref).abs() <= bound * (1 + t.view(-1, 1, 1))).all()
+    got = _decay.integrals(a, norm, t, r)
+    assert got.shape == (E, n, times)
+    steps = _decay.halvings(float((span.view(-1) * norm).max())) + 1
+    scale = r.norm(dim=(1, 2)).view(-1, 1)
+    for j in range(times):
+        want = _integral_by_eigh(a, t[:, j], r)[..., 0]
+        # the docstring's bound: both methods move e^{−tλ} by t·ε‖A‖ (the problem's
+        # condition), relative to t‖r‖ (1 + t: the bound of t = 0 is 0)
+        tj = t[:, j : j + 1]
+        bound = 8 * (steps * n + tj * norm.view(-1, 1)) * EPS * scale * (1 + tj)
+        assert ((got[..., j] - want).abs() <= bound).all(), ((got[..., j] - want) / bound).max()
+
+
+def test_integrals_of_a_block_equal_those_of_each_time_alone():
+    """A block of times against one call per time: the same to round-off (the block's
+    levels are those of its largest time)."""
+    a = _symmetric_cases()["wishart"]
+    a = a / torch.linalg.vector_norm(a, dim=(1, 2)).view(-1, 1, 1) * 3.0
+    E, n, _ = a.shape
+    t = torch.rand(E, 12, dtype=F64, generator=_rng(6)).cumsum(1) * 5.0
+    r = torch.randn(E, n, 1, dtype=F64, generator=_rng(7))
+    norm = torch.linalg.vector_norm(a, dim=(1, 2))
+    block = _decay.integrals(a, norm, t, r)
+    alone = torch.cat([_decay.integrals(a, norm, t[:, j : j + 1], r) for j in range(12)], 2)
+    bound = 8 * (8 * n + 60 * 3.0) * EPS * r.norm(dim=(1, 2)).view(-1, 1, 1) * 61
+    assert ((block - alone).abs() <= bound).all()
 
 
 def test_the_taylor_degree_reaches_eps():
     import math
 
     theta, q = _decay.THETA, _decay.DEGREE
-    assert theta ** (q + 1) / math.factorial(q + 2) < EPS / 4
+    # the integral's column of exp(hM) is h·Σ (−hA)^i/(i + 1)!, cut after i = q − 1
+    assert theta**q / math.factorial(q + 1) < EPS / 4

@@ -99,7 +99,7 @@ def _slice_params(p: Params, s: int, e: int) -> Params:
 
 
 def member_blocks(
-    make: Callable[[EnsembleMLP, Params, DataBatch], MetricRecorder],
+    make: Callable[[EnsembleMLP, Params, DataBatch, slice], MetricRecorder],
     net: EnsembleMLP,
     params0: Params,
     batch: DataBatch,
@@ -107,8 +107,9 @@ def member_blocks(
     device: torch.device,
     accelerated: bool,
 ) -> MetricRecorder | BlockedRecorder:
-    """``make(net, params0, batch)`` for the whole chunk, or per block of at most
-    :func:`metrics_block` members (equal sizes ±1) wrapped as one recorder. ``params0``:
+    """``make(net, params0, batch, members)`` for the whole chunk, or per block of at most
+    :func:`metrics_block` members (equal sizes ±1) wrapped as one recorder; ``members``:
+    the block's slice of the chunk's members (for what else ``make`` reads per member). ``params0``:
     θ(0) of every member; ``accelerated``: size blocks as on an accelerator."""
     E = params0.weights[0].shape[0]
     probe = probe_count(metrics, batch.x_test.shape[1])
@@ -123,7 +124,7 @@ def member_blocks(
         predictor_rows=(batch.x_train.shape[1] + probe) * (metrics.ntk and metrics.linearized),
     )
     if block >= E:
-        return make(net, params0, batch)
+        return make(net, params0, batch, slice(0, E))
     bounds = equal_blocks(E, block)
     recorders = []
     for s, e in bounds:
@@ -136,5 +137,7 @@ def member_blocks(
             y_test=batch.y_test[s:e],
             codim_basis=None if codim is None else codim[s:e],
         )
-        recorders.append(make(net.members(s, e), _slice_params(params0, s, e), block_batch))
+        recorders.append(
+            make(net.members(s, e), _slice_params(params0, s, e), block_batch, slice(s, e))
+        )
     return BlockedRecorder(bounds, recorders)

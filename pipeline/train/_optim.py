@@ -161,6 +161,20 @@ class Schedule:
         int64 tensor on the training device (a step that must not read the host)."""
         return self.lr
 
+    def clock(self, steps: Sequence[int]) -> Tensor | None:
+        """The trainer's clock Σ_{k<s} η_k (E, len(steps)) at each of the ascending
+        ``steps``, summed as the trainer sums it (one η_k after another, the same ops), so
+        equal to its ``time`` bit for bit while a member lives: what the kernel predictor
+        evaluates ahead (:class:`~pipeline.train.metrics._ntk.KernelFlow`). None where η
+        depends on θ. Cost: one addition of (E,) per step up to the last of ``steps``."""
+        E = len(self.lr)
+        out, time = self.lr.new_empty(E, len(steps)), self.lr.new_zeros(E)
+        for j, (start, stop) in enumerate(zip([0, *steps[:-1]], steps)):
+            for k in range(start, stop):
+                time = time + self(k, None)  # type: ignore[arg-type]
+            out[:, j] = time
+        return out
+
     def state(self) -> dict[str, Tensor]:
         """What a checkpoint keeps of the schedule, tensors on the host under keys of their
         own (none for these)."""
@@ -205,6 +219,10 @@ class NormAdaptive(Schedule):
     norm ``‖θ‖/√L`` for ``train.lr_norm`` = ``layer_rms``.
 
     η_k ≤ η, so ``steps · η`` bounds its final time."""
+
+    def clock(self, steps: Sequence[int]) -> None:
+        """None: η_k depends on θ_k, so the clock is not known ahead."""
+        return None
 
     def __call__(self, k: int | Tensor, params: Params) -> Tensor:
         norm = params.sq_norm().sqrt()

@@ -202,7 +202,9 @@ class ChunkTrainer:
         stay on the host. The hook may raise to stop.
 
         Host synchronisation: none in a non-logged step; at a logged step one copy of its
-        rows (and the batched spectra's convergence reads where they are computed).
+        rows, and besides on the CPU's paths the LAPACK spectra's check that the kernels are
+        finite, on the accelerator's the kernel predictor's one read per block of
+        n_train + 1 logged steps (its number of halvings).
         """
         started = time.perf_counter() - self.setup_s  # the constructor's seconds count
         t, b = self.base.train, self.batch
@@ -210,9 +212,19 @@ class ChunkTrainer:
         logged = set(log_steps(steps, t.log_points).tolist())
         params = self.params0.clone()
         recorder_started = time.perf_counter()
+        metrics = self.base.metrics
+        times = None  # the logged steps' clock, for the accelerated kernel predictor
+        if self.accelerated and metrics.ntk and metrics.linearized:
+            times = self.schedule.clock(sorted(logged))
         recorder = member_blocks(
-            lambda net, params0, batch: MetricRecorder.for_run(
-                net, params0, batch, self.base, sorted(logged), accelerated=self.accelerated
+            lambda net, params0, batch, block: MetricRecorder.for_run(
+                net,
+                params0,
+                batch,
+                self.base,
+                sorted(logged),
+                accelerated=self.accelerated,
+                clock=None if times is None else times[block],
             ),
             self.net,
             self.params0,

@@ -197,7 +197,10 @@ class MetricRecorder:
     logged steps that get singular values; without them every call computes them.
     :meth:`for_run` fills all three from a run's config. ``accelerated``: the accelerator's
     paths (eigenvalues, singular values and the kernel predictor by fixed sequences of
-    batched matmuls instead of LAPACK, and the spectra budget costed for them).
+    batched matmuls instead of LAPACK, and the spectra budget costed for them). ``clock``
+    (E, len(logged_steps)): the trainer's times at the logged steps, where known ahead
+    (:meth:`pipeline.train._optim.Schedule.clock`): the accelerated kernel predictor then
+    computes blocks of logged steps at once (:class:`pipeline.train.metrics._ntk.KernelFlow`).
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class MetricRecorder:
         logged_steps: Sequence[int] | None = None,
         train_flops: float | None = None,
         accelerated: bool = False,
+        clock: Tensor | None = None,
     ) -> None:
         self.net, self.batch, self.cfg = net, batch, cfg
         self.accelerated = accelerated
@@ -249,7 +253,9 @@ class MetricRecorder:
             x_all = torch.cat([batch.x_train, self.probe_x], 1)
             fwd_all = net.forward(self.params0, x_all)
             k_all = empirical_ntk(net, self.params0, x_all, fwd=fwd_all)
-            self.flow = KernelFlow(k_all, fwd_all.output, batch.y_train, accelerated)
+            self.flow = KernelFlow(k_all, fwd_all.output, batch.y_train, accelerated, clock)
+        #: the clock's column of each logged step
+        self.columns = {int(k): j for j, k in enumerate(sorted(logged_steps or ()))}
 
         # balance: denominators ‖W_l(0)‖² + ‖W_{l+1}(0)‖² and the initial balance
         self.balance_den = [a + b for a, b in zip(self.w0_sq[:-1], self.w0_sq[1:])]
@@ -282,6 +288,7 @@ class MetricRecorder:
         config: RunConfig,
         logged_steps: Sequence[int],
         accelerated: bool = False,
+        clock: Tensor | None = None,
     ) -> MetricRecorder:
         """The recorder of a chunk whose members share ``config``'s shapes."""
         t = config.train
@@ -295,6 +302,7 @@ class MetricRecorder:
             logged_steps=logged_steps,
             train_flops=per_step * t.steps,
             accelerated=accelerated,
+            clock=clock,
         )
 
     # -- one logged step ------------------------------------------------------------------------
@@ -350,7 +358,7 @@ class MetricRecorder:
         out["output_norm"] = f.square().mean((1, 2)).sqrt()
         out["probe_test_loss"] = 0.5 * (f - self.probe_y).square().sum(2).mean(1)
         if self.flow is not None and time is not None:
-            f_lin = self.flow.probe_outputs(time.to(f.dtype))
+            f_lin = self.flow.probe_outputs(time.to(f.dtype), self.columns.get(step))
             out["lin_test_loss"] = 0.5 * (f_lin - self.probe_y).square().sum(2).mean(1)
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
