@@ -74,3 +74,18 @@ def test_column_differences_sees_a_changed_value_and_a_moved_null():
     b = {**a, "trajectories": t.set_column(i, "test_loss", moved)}
     d = gpu.column_differences(a, b)["trajectories.test_loss"]
     assert d["null_mismatches"] == 1 and 0.0005 < d["max_rel_diff"] < 0.002
+
+
+def test_metrics_work_splits_the_accelerated_metrics_by_method(tmp_path):
+    from benchmarks import metrics_work
+
+    assert metrics_work.main(["--members", "8", "--steps", "40", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "metrics_work.json").read_text())
+    methods = r["methods"]
+    assert set(methods) == {label for _, _, label in metrics_work.METHODS}
+    assert all(m["calls"] > 0 and m["flops_per_member"] > 0 for m in methods.values())
+    assert sum(m["flops_per_member"] for m in methods.values()) < r["flops_per_member"]
+    # the clock is known ahead: every logged step's predictor in one block of n_train + 1
+    assert methods["kernel predictor (integrals)"]["calls"] == 1
+    assert methods["ntk"]["calls"] > 10  # once per logged step, and the predictor's set-up
+    assert r["timing"]["metrics_s"] > 0 and r["members"] == 8
