@@ -84,7 +84,7 @@ def test_metrics_work_splits_the_accelerated_metrics_by_method(tmp_path):
     methods = r["methods"]
     assert set(methods) == {label for _, _, label in metrics_work.METHODS}
     assert all(m["calls"] > 0 and m["flops_per_member"] > 0 for m in methods.values())
-    assert sum(m["flops_per_member"] for m in methods.values()) < r["flops_per_member"]
+    assert r["training_flops_per_member"] > 0
     # the clock is known ahead: every logged step's predictor in one block of n_train + 1
     assert methods["kernel predictor (integrals)"]["calls"] == 1
     assert methods["ntk"]["calls"] > 10  # once per logged step, and the predictor's set-up
