@@ -94,11 +94,13 @@ from phasesweep.pipeline.train.metrics._ntk import (
     KernelFlow,
     empirical_ntk,
     extreme_eigenvalues,
+    frobenius,
     kernel_alignment,
     kernel_distance,
     kernel_rel_change,
     layer_inner,
     sensitivities,
+    target_norm,
 )
 from phasesweep.pipeline.train.metrics._spectra import (
     balance_matrix_drift,
@@ -243,6 +245,9 @@ class MetricRecorder:
         # one kernel fewer per chunk), else from θ(0) when first needed (:meth:`_reference`)
         self.signs0: list[Tensor] | None = None
         self.k0: Tensor | None = None
+        self.k0_norm: Tensor | None = None
+        # ‖YYᵀ‖_F of the probe labels, for the kernel alignment (fixed: computed once)
+        self.target_norm = target_norm(self.probe_y) if cfg.ntk else None
         # the NTK's first-layer inner product of the probe inputs: fixed, so computed once
         self.input_gram = None
         if cfg.ntk:
@@ -363,9 +368,10 @@ class MetricRecorder:
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
         if k is not None and self.k0 is not None:
-            out["kernel_distance"] = kernel_distance(k, self.k0)
-            out["kernel_rel_change"] = kernel_rel_change(k, self.k0)
-            out["kernel_alignment"] = kernel_alignment(k, self.probe_y)
+            k_norm = frobenius(k)
+            out["kernel_distance"] = kernel_distance(k, self.k0, k_norm, self.k0_norm)
+            out["kernel_rel_change"] = kernel_rel_change(k, self.k0, self.k0_norm)
+            out["kernel_alignment"] = kernel_alignment(k, self.probe_y, k_norm, self.target_norm)
             if spectra:
                 out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k, self.accelerated)
             else:
@@ -432,6 +438,7 @@ class MetricRecorder:
                     self.net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
                 )
             )
+            self.k0_norm = frobenius(self.k0)
 
     @staticmethod
     def _scheduled(steps: set[int] | None, step: int | None) -> bool:

@@ -118,34 +118,43 @@ def empirical_ntk(
     return kernel
 
 
-def _fro(a: Tensor) -> Tensor:
+def frobenius(a: Tensor) -> Tensor:
+    """‖a_e‖_F of each member's (…) block: (E, …) → (E,)."""
     return a.reshape(a.shape[0], -1).norm(dim=1)
 
 
-def kernel_distance(k: Tensor, k0: Tensor) -> Tensor:
+def kernel_distance(k: Tensor, k0: Tensor, k_norm: Tensor, k0_norm: Tensor) -> Tensor:
     """1 − ⟨K, K0⟩_F / (‖K‖_F ‖K0‖_F) per member: (E, P, P) → (E,); NaN for a zero kernel.
+    ``k_norm``, ``k0_norm`` (E,): the kernels' :func:`frobenius` norms (K0's is fixed, K's
+    serves :func:`kernel_alignment` too: each is computed once).
 
     Clamped at 0 (a cosine one ulp above 1 would give −1e-16)."""
     inner = (k * k0).reshape(k.shape[0], -1).sum(1)
-    return (1.0 - inner / (_fro(k) * _fro(k0))).clamp_(min=0.0)
+    return (1.0 - inner / (k_norm * k0_norm)).clamp_(min=0.0)
 
 
-def kernel_rel_change(k: Tensor, k0: Tensor) -> Tensor:
-    """‖K − K0‖_F / ‖K0‖_F per member: (E, P, P) → (E,).
+def kernel_rel_change(k: Tensor, k0: Tensor, k0_norm: Tensor) -> Tensor:
+    """‖K − K0‖_F / ‖K0‖_F per member: (E, P, P) → (E,); ``k0_norm`` = ‖K0‖_F (E,).
 
     First order in the kernel's movement, so in the lazy regime it shrinks like
     m^-1/2 with the width; :func:`kernel_distance` (one minus a cosine) is second
-    order in the rotation and falls faster.
+    order in the rotation and falls faster. (The difference is formed, not expanded as
+    ‖K‖² + ‖K0‖² − 2⟨K, K0⟩, which cancels where K stays near K0.)
     """
-    return _fro(k - k0) / _fro(k0)
+    return frobenius(k - k0) / k0_norm
 
 
-def kernel_alignment(k: Tensor, y: Tensor) -> Tensor:
-    """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out). For k_out = 1 the
-    denominator is ‖K‖_F ‖y‖²."""
-    target = _gram(y)
-    inner = (k * target).reshape(k.shape[0], -1).sum(1)
-    return inner / (_fro(k) * _fro(target))
+def kernel_alignment(k: Tensor, y: Tensor, k_norm: Tensor, target_norm: Tensor) -> Tensor:
+    """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out), ``k_norm`` = ‖K‖_F and
+    ``target_norm`` = ‖YYᵀ‖_F (:func:`target_norm`) (E,). The inner product as the
+    quadratic form Σ_o y_oᵀ K y_o: no P × P target is formed."""
+    inner = (y * torch.bmm(k, y)).reshape(k.shape[0], -1).sum(1)
+    return inner / (k_norm * target_norm)
+
+
+def target_norm(y: Tensor) -> Tensor:
+    """‖YYᵀ‖_F = ‖YᵀY‖_F per member, y (E, P, k_out): (E,) (‖y‖² for one output)."""
+    return frobenius(torch.bmm(y.mT, y))
 
 
 def extreme_eigenvalues(k: Tensor, accelerated: bool = False) -> tuple[Tensor, Tensor]:
