@@ -12,6 +12,7 @@ import torch
 from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
+from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
 from torch.func import functional_call, jacrev
 
 F64 = torch.float64
@@ -155,8 +156,10 @@ def test_lin_distance_as_the_order_parameter_of_the_regimes():
     assert s.loc[by_g == 3.0, "regime"].item() == "lazy"
 
 
-def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
+@pytest.mark.parametrize("accelerated", [False, True], ids=["eigh", "squaring"])
+def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch, accelerated):
     # the recorder of a large chunk works in blocks of members: each gets its own times
+    # (accelerated: its own columns of the clock known ahead)
     import phasesweep.pipeline.train._metric_blocks as blocks_mod
 
     spec = validate_spec(
@@ -170,9 +173,18 @@ def test_kernel_predictor_is_the_same_in_member_blocks(monkeypatch):
         }
     )
     (chunk,) = make_chunks(expand(spec), spec)
-    whole = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
+    whole = ChunkTrainer(chunk, accelerated=accelerated).run()["trajectories"].to_pandas()
     monkeypatch.setattr(blocks_mod, "METRICS_BLOCK_BYTES", 1)  # one member per block
-    blocked = ChunkTrainer(chunk).run()["trajectories"].to_pandas()
+    monkeypatch.setattr(blocks_mod, "free_device_bytes", lambda device: 1)  # and on a device
+    made, for_run = [], MetricRecorder.for_run
+
+    def spy(net, params0, batch, *args, **kwargs):
+        made.append((batch.x_train.shape[0], kwargs["clock"] is not None))
+        return for_run(net, params0, batch, *args, **kwargs)
+
+    monkeypatch.setattr(MetricRecorder, "for_run", spy)
+    blocked = ChunkTrainer(chunk, accelerated=accelerated).run()["trajectories"].to_pandas()
+    assert made == [(1, accelerated)] * 3
     cols = ["lin_test_loss", "lin_distance", "probe_test_loss"]
     key = ["run_id", "step"]
     a, b = whole.sort_values(key), blocked.sort_values(key)
