@@ -625,7 +625,9 @@ def _array(values: Any, type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
         return values.cast(type_)
     if isinstance(values, np.ndarray) and values.ndim == 2 and pa.types.is_list(type_):
         keep = ~np.isnan(values)
-        lengths = keep.sum(1)
+        lengths = np.zeros(len(values), np.int64)
+        for column in keep.T:  # k short passes: numpy's sum along a short axis is ~5x slower
+            lengths += column
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         flat = pa.array(values[keep], type_.value_type)
         return pa.ListArray.from_arrays(offsets, flat, type=type_, mask=pa.array(lengths == 0))
