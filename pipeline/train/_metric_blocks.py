@@ -109,8 +109,8 @@ def member_blocks(
 ) -> MetricRecorder | BlockedRecorder:
     """``make(net, params0, batch, members)`` for the whole chunk, or per block of at most
     :func:`metrics_block` members (equal sizes ±1) wrapped as one recorder; ``members``:
-    the block's slice of the chunk's members (for what else ``make`` reads per member). ``params0``:
-    θ(0) of every member; ``accelerated``: size blocks as on an accelerator."""
+    the block's slice of the chunk's members (for what else ``make`` reads per member).
+    ``params0``: θ(0) of every member; ``accelerated``: size blocks as on an accelerator."""
     E = params0.weights[0].shape[0]
     probe = probe_count(metrics, batch.x_test.shape[1])
     block = metrics_block(

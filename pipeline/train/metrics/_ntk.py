@@ -144,12 +144,12 @@ def kernel_rel_change(k: Tensor, k0: Tensor, k0_norm: Tensor) -> Tensor:
     return frobenius(k - k0) / k0_norm
 
 
-def kernel_alignment(k: Tensor, y: Tensor, k_norm: Tensor, target_norm: Tensor) -> Tensor:
+def kernel_alignment(k: Tensor, y: Tensor, k_norm: Tensor, yy_norm: Tensor) -> Tensor:
     """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out), ``k_norm`` = ‖K‖_F and
-    ``target_norm`` = ‖YYᵀ‖_F (:func:`target_norm`) (E,). The inner product as the
-    quadratic form Σ_o y_oᵀ K y_o: no P × P target is formed."""
+    ``yy_norm`` = ‖YYᵀ‖_F (:func:`target_norm`) (E,). The inner product as the quadratic
+    form Σ_o y_oᵀ K y_o: no P × P target is formed."""
     inner = (y * torch.bmm(k, y)).reshape(k.shape[0], -1).sum(1)
-    return inner / (k_norm * target_norm)
+    return inner / (k_norm * yy_norm)
 
 
 def target_norm(y: Tensor) -> Tensor:
