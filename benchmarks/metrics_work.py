@@ -6,14 +6,14 @@
 One chunk of the issue-33 grid (``benchmarks/host.py``: 50 init scales × 20,000 seeds,
 width 16, depth 2, teacher data, n_train 64, 1000 steps, 20 logged) with the default
 metrics, trained on the accelerator's paths (``accelerated=True``, also on the CPU, where
-the flops are the GPU's and the seconds a stand-in). For the whole run and for each
-batched-matmul method of the metrics (the NTK, the kernel's extreme eigenvalues by
-squaring, the layers' top singular values by subspace iteration, the kernel predictor's
-integrals), the calls, the flops per member (``torch.utils.flop_counter``: matmuls only)
-and the seconds (the device synchronised around each call; the counting adds a Python call
-per operator to both). The trainer's own timing and the training's flops (the model's, as the spectra budget
-counts them) are printed beside them. Writes ``metrics_work.json`` (``metrics_work.<device>.json`` off the
-CPU) to ``--out``; nothing asserts a time.
+the flops are the GPU's and the seconds a stand-in). For each batched-matmul method of
+the metrics (the NTK, the kernel's extreme eigenvalues by squaring, the layers' top
+singular values by subspace iteration, the kernel predictor's integrals): the calls, the
+flops per member (``torch.utils.flop_counter``: matmuls only) and the seconds (the device
+synchronised around each call; the counting adds a Python call per operator to both).
+Beside them, the trainer's own timing and the training's model flops per member (as the
+spectra budget counts them). Writes ``metrics_work.json`` (``metrics_work.<device>.json``
+off the CPU) to ``--out``; nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from phasesweep.pipeline.train.metrics import _decay, _metrics, _squaring, _subs
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.host import host_spec
+from benchmarks.training import sync
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -48,22 +49,17 @@ METHODS = (
 )
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextmanager
 def _counted(device: torch.device, work: dict[str, dict[str, float]]) -> Iterator[None]:
     """Each of :data:`METHODS` wrapped to add its calls, flops and seconds to ``work``."""
 
     def wrap(fn: Callable, label: str) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
-            _sync(device)
+            sync(device)
             with FlopCounterMode(display=False) as flops:
                 mark = time.perf_counter()
                 out = fn(*args, **kwargs)
-                _sync(device)
+                sync(device)
             row = work.setdefault(label, {"calls": 0, "flops": 0.0, "seconds": 0.0})
             row["calls"] += 1
             row["flops"] += flops.get_total_flops()

@@ -113,10 +113,10 @@ def matmul_peak(
         torch.mm(a, b, out=c)
         deadline = time.perf_counter() + seconds / len(sizes)
         while True:
-            _sync(device)
+            sync(device)
             t = time.perf_counter()
             torch.mm(a, b, out=c)
-            _sync(device)
+            sync(device)
             dt = time.perf_counter() - t
             best, best_n = max((best, best_n), (2.0 * n**3 / dt, n))
             if time.perf_counter() > deadline:
@@ -124,7 +124,8 @@ def matmul_peak(
     return {"flops": best, "size": best_n, "threads": torch.get_num_threads(), "dtype": str(dtype)}
 
 
-def _sync(device: str) -> None:
+def sync(device: str | torch.device) -> None:
+    """Wait for ``device``'s queued work (a CUDA device's; nothing elsewhere)."""
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
 

@@ -229,7 +229,7 @@ class ChunkTrainer:
             self.net,
             self.params0,
             b,
-            self.base.metrics,
+            metrics,
             self.device,
             self.accelerated,
         )

@@ -63,8 +63,8 @@ def integrals(a: Tensor, norm: Tensor, times: Tensor, r: Tensor) -> Tensor:
     s = halvings(float((span * norm).max()))
     h = span / 2**s
     whole = (times / torch.where(h > 0, h, 1.0).unsqueeze(1)).clamp_max(2**s)  # 0 where h = 0
-    frac = whole - whole.floor()
-    bits = whole.floor().to(torch.int64)
+    floor = whole.floor()
+    frac, bits = whole - floor, floor.to(torch.int64)
     m = a.new_zeros(E, n + 1, n + 1)
     m[:, :n, :n] = -a
     m[:, :n, n:] = r
