@@ -158,6 +158,27 @@ def test_top_singular_values_of_the_shipped_sweeps_layers():
             _assert_top(got, torch.linalg.svdvals(w)[:, : got.shape[1]], min(w.shape[1:]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("shape", [(128, 10), (10, 128), (64, 64)])
+def test_zero_and_underflowing_layers_in_either_precision(dtype, shape):
+    """W − W(0) is exactly zero at the first step, and a layer may be so small that its
+    squares underflow (subnormal, or flushed to zero on a GPU). Beside an ordinary member
+    in the same batch, each gets finite values within the bound, of its own size; both the
+    Rayleigh-Ritz path (64 × 64) and the whole-row-space one (a side ≤ 32) are covered."""
+    underflowing = 1e-20 if dtype == torch.float32 else 1e-160
+    members = torch.randn(4, *shape, dtype=F64, generator=_rng(20))
+    members[0] = 0.0
+    members[1] *= underflowing
+    members[2] *= torch.finfo(dtype).tiny  # subnormal entries in float32: squares vanish
+    w = members.to(dtype)
+    got = _subspace.top_singular_values(w, 5).to(F64)
+    ref = torch.linalg.svdvals(w.to(F64))[:, : got.shape[1]]
+    assert torch.isfinite(got).all()
+    assert (got[0] == 0).all()
+    eps = torch.finfo(dtype).eps
+    assert ((got - ref).abs() <= 4 * min(shape) * eps * ref[:, :1]).all(), (got, ref)
+
+
 def test_too_few_iterations_are_seen(monkeypatch):
     monkeypatch.setattr(_subspace, "ITERATIONS", 4)
     with pytest.raises(AssertionError):

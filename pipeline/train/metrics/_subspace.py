@@ -62,13 +62,21 @@ def _orthonormalise(v: Tensor) -> Tensor:
     2020); it leaves VᵀV = I − O(s), which the second pass, shifted only by 4m·ε, makes
     I − O(mε); the columns are then scaled to unit norm, which takes that last O(mε) off
     (to second order). Columns that a rank-deficient V cannot fill stay near zero (they add
-    values near 0, not spurious ones)."""
+    values near 0, not spurious ones).
+
+    V is first divided by its largest entry, so that max‖vᵢ‖² ∈ [1, m] and every shift is a
+    normal number: the Gram of a V whose squares underflow (entries below about 1e-19 in
+    float32, 1e-154 in float64) loses its precision, and a shift of zero or a subnormal,
+    as a zero V (W − W(0) at the first step) would get, makes LAPACK's Cholesky return
+    NaN (a GPU may flush it to zero). Cost: one pass over V."""
     eps = torch.finfo(v.dtype).eps
     eye = torch.eye(v.shape[2], dtype=v.dtype, device=v.device)
     m, b = v.shape[1:]
+    largest = v.abs().amax((1, 2), keepdim=True)
+    v = v / torch.where(largest > 0, largest, 1.0)
     for shift in (11 * (m * b + b * b) * eps, 4 * m * eps):
         gram = v.mT @ v
-        scale = gram.diagonal(dim1=1, dim2=2).amax(1).clamp_min(torch.finfo(v.dtype).tiny)
+        scale = gram.diagonal(dim1=1, dim2=2).amax(1).clamp_min(1.0)  # 1 for a zero V
         r = torch.linalg.cholesky_ex(gram + (shift * scale).view(-1, 1, 1) * eye)[0]
         v = torch.linalg.solve_triangular(r.mT, v, upper=True, left=False)
     norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
