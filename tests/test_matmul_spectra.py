@@ -74,6 +74,18 @@ def _shipped_kernels() -> dict[str, torch.Tensor]:
 # -- extreme eigenvalues by repeated squaring --------------------------------------------------
 
 
+@pytest.fixture(params=[False, True], ids=["subnormals kept", "subnormals flushed"])
+def flush_subnormals(request):
+    """Both ways a device treats subnormal numbers: kept (IEEE, the CPU's default) or
+    flushed to zero, as a GPU's kernels may; the CPU flushes them where it can."""
+    if request.param and not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        yield request.param
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def _assert_extremes(k: torch.Tensor, factor: float = 4.0) -> None:
     low, high = _squaring.extreme_eigenvalues(k)
     ev = torch.linalg.eigvalsh(k)
@@ -90,6 +102,23 @@ def test_extreme_eigenvalues_within_n_eps_of_lapack(case):
 def test_extreme_eigenvalues_of_the_shipped_sweeps_kernels():
     for k in _shipped_kernels().values():
         _assert_extremes(k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_extreme_eigenvalues_of_tiny_kernels_scale_with_them(dtype, flush_subnormals):
+    """A kernel times 2^-p (exact) has its eigenvalues times 2^-p, also where its squares
+    and its Frobenius norm underflow (a float32 NTK at a small init): were the shift c to
+    underflow to 0, λ_min would come out as −λ_max. Whether subnormals are kept or flushed."""
+    cases = _symmetric_cases()
+    k = torch.cat([cases["wishart"], cases["graded over 16 decades"], cases["zero"]]).to(dtype)
+    tiny = 2.0 ** (-90 if dtype == torch.float32 else -700)  # k · tiny stays normal
+    low, high = _squaring.extreme_eigenvalues(k)
+    low_tiny, high_tiny = _squaring.extreme_eigenvalues(k * tiny)
+    bound = 4 * k.shape[1] * torch.finfo(dtype).eps * torch.linalg.vector_norm(k, dim=(1, 2))
+    assert ((low_tiny - low * tiny).abs() <= bound * tiny).all()
+    assert ((high_tiny - high * tiny).abs() <= bound * tiny).all()
+    ev = torch.linalg.eigvalsh(k.to(F64))
+    assert ((low.to(F64) - ev[:, 0]).abs() <= bound.to(F64)).all()
 
 
 def test_extreme_eigenvalues_of_each_member_do_not_depend_on_the_others():
@@ -160,16 +189,16 @@ def test_top_singular_values_of_the_shipped_sweeps_layers():
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("shape", [(128, 10), (10, 128), (64, 64)])
-def test_zero_and_underflowing_layers_in_either_precision(dtype, shape):
+def test_zero_and_underflowing_layers_in_either_precision(dtype, shape, flush_subnormals):
     """W − W(0) is exactly zero at the first step, and a layer may be so small that its
-    squares underflow (subnormal, or flushed to zero on a GPU). Beside an ordinary member
-    in the same batch, each gets finite values within the bound, of its own size; both the
+    squares underflow. Beside an ordinary member in the same batch, each gets finite values
+    within the bound, of its own size, whether subnormals are kept or flushed; both the
     Rayleigh-Ritz path (64 × 64) and the whole-row-space one (a side ≤ 32) are covered."""
     underflowing = 1e-20 if dtype == torch.float32 else 1e-160
     members = torch.randn(4, *shape, dtype=F64, generator=_rng(20))
     members[0] = 0.0
     members[1] *= underflowing
-    members[2] *= torch.finfo(dtype).tiny  # subnormal entries in float32: squares vanish
+    members[2] *= torch.finfo(dtype).tiny  # entries about half subnormal
     w = members.to(dtype)
     got = _subspace.top_singular_values(w, 5).to(F64)
     ref = torch.linalg.svdvals(w.to(F64))[:, : got.shape[1]]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 import torch
+from phasesweep.pipeline.train.metrics._subspace import by_largest
 from torch import Tensor
 
 
@@ -69,11 +70,13 @@ def top_eigenvalue(m: Tensor) -> Tensor:
 def extreme_eigenvalues(k: Tensor) -> tuple[Tensor, Tensor]:
     """The smallest and largest eigenvalues (E,), (E,) of each symmetric (E, n, n) ``k``
     (its symmetric part is read), within a small multiple of n·ε·‖k‖_F of the exact ones.
-    Entries must be finite."""
-    k = (k + k.mT) / 2
+    Entries must be finite. Each k is divided by its largest entry first
+    (:func:`~pipeline.train.metrics._subspace.by_largest`): were c to underflow to 0 (a
+    tiny kernel), M₋ = −K would not be semidefinite, and λ_min would come out as −λ_max."""
+    k, largest = by_largest((k + k.mT) / 2)
     c = torch.linalg.vector_norm(k, dim=(1, 2)).view(-1, 1, 1)
     eye = torch.eye(k.shape[1], dtype=k.dtype, device=k.device)
     shifted = torch.cat([k + c * eye, c * eye - k])  # (2E, n, n): M₊ then M₋
     top_plus, top_minus = top_eigenvalue(shifted).chunk(2)
     c = c.view(-1)
-    return c - top_minus, top_plus - c
+    return (c - top_minus) * largest, (top_plus - c) * largest

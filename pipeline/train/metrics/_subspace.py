@@ -64,16 +64,13 @@ def _orthonormalise(v: Tensor) -> Tensor:
     (to second order). Columns that a rank-deficient V cannot fill stay near zero (they add
     values near 0, not spurious ones).
 
-    V is first divided by its largest entry, so that max‖vᵢ‖² ∈ [1, m] and every shift is a
-    normal number: the Gram of a V whose squares underflow (entries below about 1e-19 in
-    float32, 1e-154 in float64) loses its precision, and a shift of zero or a subnormal,
-    as a zero V (W − W(0) at the first step) would get, makes LAPACK's Cholesky return
-    NaN (a GPU may flush it to zero). Cost: one pass over V."""
+    V is first divided by its largest entry (:func:`by_largest`), so that max‖vᵢ‖² ∈ [1, m]
+    and every shift is a normal number: a shift of zero or a subnormal, as a zero V
+    (W − W(0) at the first step) would get, makes LAPACK's Cholesky return NaN."""
     eps = torch.finfo(v.dtype).eps
     eye = torch.eye(v.shape[2], dtype=v.dtype, device=v.device)
     m, b = v.shape[1:]
-    largest = v.abs().amax((1, 2), keepdim=True)
-    v = v / torch.where(largest > 0, largest, 1.0)
+    v = by_largest(v)[0]
     for shift in (11 * (m * b + b * b) * eps, 4 * m * eps):
         gram = v.mT @ v
         scale = gram.diagonal(dim1=1, dim2=2).amax(1).clamp_min(1.0)  # 1 for a zero V
@@ -81,6 +78,18 @@ def _orthonormalise(v: Tensor) -> Tensor:
         v = torch.linalg.solve_triangular(r.mT, v, upper=True, left=False)
     norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
     return v / torch.where(norms > 0.5, norms, 1.0)
+
+
+def by_largest(a: Tensor) -> tuple[Tensor, Tensor]:
+    """Each member of ``a`` (E, …) divided by its largest |entry| (left alone where it is
+    zero), and those divisors (E,). Singular values and eigenvalues scale with it; with
+    the largest entry 1, the squares and products that set them cannot underflow, where
+    those of entries below about 1e-19 (float32; 1e-154 in float64) would lose their
+    precision, or vanish on a device that flushes subnormals to zero (as a GPU may).
+    Cost: two passes over ``a``."""
+    largest = a.abs().amax(tuple(range(1, a.dim())))
+    largest = torch.where(largest > 0, largest, 1.0)
+    return a / largest.view(-1, *[1] * (a.dim() - 1)), largest
 
 
 def _svdvals(a: Tensor) -> Tensor:
@@ -93,6 +102,7 @@ def top_singular_values(w: Tensor, k: int, generator: torch.Generator | None = N
     descending, m = min(rows, cols) (module docstring for the accuracy). Entries must be
     finite. ``generator``: the random start block's (default: a fixed seed, so that a
     chunk's values do not depend on the global random state)."""
+    w, largest = by_largest(w)
     E, rows, cols = w.shape
     if rows > cols:
         w = w.mT  # (E, m, n): the shorter side first
@@ -109,4 +119,4 @@ def top_singular_values(w: Tensor, k: int, generator: torch.Generator | None = N
             v = _orthonormalise(w.mT @ u)  # (E, n, b)
             u = _orthonormalise(w @ v)  # (E, m, b)
         values = _svdvals(u.mT @ w @ v)
-    return values[:, : min(k, m)]
+    return values[:, : min(k, m)] * largest.unsqueeze(1)
