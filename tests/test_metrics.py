@@ -21,7 +21,15 @@ from phasesweep.pipeline.train._init import init_params
 from phasesweep.pipeline.train._models import EnsembleMLP, Params
 from phasesweep.pipeline.train._trainer import ChunkTrainer, train_chunk
 from phasesweep.pipeline.train.metrics._metrics import MetricRecorder
-from phasesweep.pipeline.train.metrics._ntk import empirical_ntk, layer_inner
+from phasesweep.pipeline.train.metrics._ntk import (
+    empirical_ntk,
+    kernel_alignment,
+    kernel_distance,
+    kernel_rel_change,
+    layer_inner,
+    scaled,
+    target_norm,
+)
 from phasesweep.storage.schema import CROSSING_COLUMNS, CROSSING_FRACTIONS
 
 F64 = torch.float64
@@ -450,6 +458,60 @@ def test_references_at_step_0_come_from_its_own_forward():
     assert later.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(later[key], value, rtol=0, atol=0, equal_nan=True, msg=key)
+
+
+@pytest.mark.parametrize("power", [-80, 0, 70])
+def test_kernel_scalars_of_float32_kernels_do_not_depend_on_their_scale(power):
+    """Float32 kernels times 2^power: at 2^-80 (entries near 1e-23, a float32 NTK at a small
+    init) their squares underflow, at 2^70 they overflow. The distance, relative change and
+    alignment are those of the definitions in float64, within what float32 sums of P²
+    products can be off by in any order (3·P²·ε of the Cauchy-Schwarz bound)."""
+    gen = torch.Generator().manual_seed(5)
+    E, P = 3, 24
+    g = torch.randn(E, P, 30, generator=gen, dtype=F64)
+    g0 = g + 0.5 * torch.randn(E, P, 30, generator=gen, dtype=F64)
+    y = torch.randn(E, P, 1, generator=gen, dtype=F64)
+    K, K0 = (g @ g.mT).numpy(), (g0 @ g0.mT).numpy()
+    k, k0 = (scaled((a * 2.0**power).float()) for a in (g @ g.mT, g0 @ g0.mT))
+    y32 = y.float()
+    got = {
+        "kernel_distance": kernel_distance(k, k0),
+        "kernel_rel_change": kernel_rel_change(k, k0),
+        "kernel_alignment": kernel_alignment(k, y32, target_norm(y32)),
+    }
+    bound = 3 * P * P * torch.finfo(torch.float32).eps
+    for e in range(E):
+        ref = {
+            "kernel_distance": 1
+            - np.sum(K[e] * K0[e]) / (np.linalg.norm(K[e]) * np.linalg.norm(K0[e])),
+            "kernel_rel_change": np.linalg.norm(K[e] - K0[e]) / np.linalg.norm(K0[e]),
+            "kernel_alignment": float(y[e, :, 0] @ K[e] @ y[e, :, 0])
+            / (np.linalg.norm(K[e]) * float(y[e, :, 0] @ y[e, :, 0])),
+        }
+        for name, value in ref.items():
+            assert abs(float(got[name][e]) - value) <= bound * max(abs(value), 1.0), (name, e)
+
+
+def test_float32_kernel_columns_at_a_small_init_are_finite():
+    """A deep float32 net at init 1e-3 (its NTK near 1e-24): the stored kernel columns at
+    step 0 are those of the float64 run to float32's resolution (the alignment was inf and
+    the distance NaN while the kernel's squares underflowed)."""
+    tables = {}
+    for dtype in ("float32", "float64"):
+        spec = _spec(
+            model={"depth": 5, "width": 16, "bias": False},
+            train={"steps": 4, "log_points": 2, "dtype": dtype},
+            grid={"init_scale": [1e-3, 1.0]},
+        )
+        chunk = make_chunks(expand(spec), spec)[0]
+        traj = train_chunk(chunk)["trajectories"].to_pandas()
+        tables[dtype] = traj[traj.step == 0].sort_values("run_id").reset_index(drop=True)
+    f32, f64 = tables["float32"], tables["float64"]
+    assert f64.ntk_eig_max.min() < 1e-20  # the small init's kernel
+    eps = torch.finfo(torch.float32).eps
+    np.testing.assert_allclose(f32.kernel_alignment, f64.kernel_alignment, rtol=1e-4)
+    assert (f32.kernel_distance.abs() <= 100 * eps).all()
+    assert (f32.kernel_rel_change == 0).all()
 
 
 @pytest.mark.parametrize("activation,depth", [("linear", 3), ("relu", 1), ("tanh", 2)])

@@ -92,13 +92,14 @@ from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params, memb
 from phasesweep.pipeline.train._optim import step_rows
 from phasesweep.pipeline.train.metrics._ntk import (
     KernelFlow,
+    Scaled,
     empirical_ntk,
     extreme_eigenvalues,
-    frobenius,
     kernel_alignment,
     kernel_distance,
     kernel_rel_change,
     layer_inner,
+    scaled,
     sensitivities,
     target_norm,
 )
@@ -244,8 +245,7 @@ class MetricRecorder:
         # first recorded step's forward when that step is 0 (θ_0 = θ(0): one forward and
         # one kernel fewer per chunk), else from θ(0) when first needed (:meth:`_reference`)
         self.signs0: list[Tensor] | None = None
-        self.k0: Tensor | None = None
-        self.k0_norm: Tensor | None = None
+        self.k0: Scaled | None = None
         # ‖YYᵀ‖_F of the probe labels, for the kernel alignment (fixed: computed once)
         self.target_norm = target_norm(self.probe_y) if cfg.ntk else None
         # the NTK's first-layer inner product of the probe inputs: fixed, so computed once
@@ -368,10 +368,10 @@ class MetricRecorder:
             out["lin_distance"] = (f - f_lin).square().mean((1, 2)).sqrt()
 
         if k is not None and self.k0 is not None:
-            k_norm = frobenius(k)
-            out["kernel_distance"] = kernel_distance(k, self.k0, k_norm, self.k0_norm)
-            out["kernel_rel_change"] = kernel_rel_change(k, self.k0, self.k0_norm)
-            out["kernel_alignment"] = kernel_alignment(k, self.probe_y, k_norm, self.target_norm)
+            kernel = scaled(k)
+            out["kernel_distance"] = kernel_distance(kernel, self.k0)
+            out["kernel_rel_change"] = kernel_rel_change(kernel, self.k0)
+            out["kernel_alignment"] = kernel_alignment(kernel, self.probe_y, self.target_norm)
             if spectra:
                 out["ntk_eig_min"], out["ntk_eig_max"] = extreme_eigenvalues(k, self.accelerated)
             else:
@@ -431,14 +431,11 @@ class MetricRecorder:
         if self.has_pattern:
             self.signs0 = hidden_signs(fwd0)
         if self.cfg.ntk:
-            self.k0 = (
-                k0
-                if k0 is not None
-                else empirical_ntk(
+            if k0 is None:
+                k0 = empirical_ntk(
                     self.net, self.params0, self.probe_x, fwd=fwd0, input_gram=self.input_gram
                 )
-            )
-            self.k0_norm = frobenius(self.k0)
+            self.k0 = scaled(k0)
 
     @staticmethod
     def _scheduled(steps: set[int] | None, step: int | None) -> bool:

@@ -21,6 +21,7 @@ O(E·P·(P + n_l)).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params
@@ -123,33 +124,60 @@ def frobenius(a: Tensor) -> Tensor:
     return a.reshape(a.shape[0], -1).norm(dim=1)
 
 
-def kernel_distance(k: Tensor, k0: Tensor, k_norm: Tensor, k0_norm: Tensor) -> Tensor:
-    """1 − ⟨K, K0⟩_F / (‖K‖_F ‖K0‖_F) per member: (E, P, P) → (E,); NaN for a zero kernel.
-    ``k_norm``, ``k0_norm`` (E,): the kernels' :func:`frobenius` norms (K0's is fixed, K's
-    serves :func:`kernel_alignment` too: each is computed once).
+class Scaled(NamedTuple):
+    """A positive semidefinite kernel K (E, P, P) as ``unit`` · ``scale``: ``scale`` (E,) the
+    power of two at or just above K's largest diagonal entry (1 for a zero kernel), so that
+    every |unit_ij| ≤ 1 (|K_ij| ≤ max_i K_ii), and ``norm`` = ‖unit‖_F (E,).
+
+    Why: the kernel's scalars (:func:`kernel_distance`, :func:`kernel_rel_change`,
+    :func:`kernel_alignment`) are formed from squares and products of its entries, which
+    underflow for a float32 NTK at a small init (entries below about 1e-19; the norm came
+    out 0 and the alignment inf) and overflow for a large one. A division by a power of two
+    is exact, so where K's own squares neither underflow nor overflow the scalars are those
+    of K bit for bit. Cost: one pass over K and its diagonal; memory one kernel."""
+
+    unit: Tensor
+    scale: Tensor
+    norm: Tensor
+
+
+def scaled(k: Tensor) -> Scaled:
+    """``k`` (E, P, P), positive semidefinite, as a :class:`Scaled` kernel."""
+    largest = k.diagonal(dim1=1, dim2=2).amax(1)
+    scale = torch.ldexp(torch.ones_like(largest), torch.frexp(largest).exponent)
+    unit = k / scale.view(-1, 1, 1)
+    return Scaled(unit, scale, frobenius(unit))
+
+
+def kernel_distance(k: Scaled, k0: Scaled) -> Tensor:
+    """1 − ⟨K, K0⟩_F / (‖K‖_F ‖K0‖_F) per member: (E,); NaN for a zero kernel.
 
     Clamped at 0 (a cosine one ulp above 1 would give −1e-16)."""
-    inner = (k * k0).reshape(k.shape[0], -1).sum(1)
-    return (1.0 - inner / (k_norm * k0_norm)).clamp_(min=0.0)
+    inner = (k.unit * k0.unit).reshape(k.unit.shape[0], -1).sum(1)
+    return (1.0 - inner / (k.norm * k0.norm)).clamp_(min=0.0)
 
 
-def kernel_rel_change(k: Tensor, k0: Tensor, k0_norm: Tensor) -> Tensor:
-    """‖K − K0‖_F / ‖K0‖_F per member: (E, P, P) → (E,); ``k0_norm`` = ‖K0‖_F (E,).
+def kernel_rel_change(k: Scaled, k0: Scaled) -> Tensor:
+    """‖K − K0‖_F / ‖K0‖_F per member: (E,).
 
     First order in the kernel's movement, so in the lazy regime it shrinks like
     m^-1/2 with the width; :func:`kernel_distance` (one minus a cosine) is second
     order in the rotation and falls faster. (The difference is formed, not expanded as
-    ‖K‖² + ‖K0‖² − 2⟨K, K0⟩, which cancels where K stays near K0.)
+    ‖K‖² + ‖K0‖² − 2⟨K, K0⟩, which cancels where K stays near K0.) It is formed over the
+    larger of the two scales s, as (K − K0)/s, whose entries are at most 2 in size.
     """
-    return frobenius(k - k0) / k0_norm
+    s = torch.maximum(k.scale, k0.scale)
+    diff = k.unit * (k.scale / s).view(-1, 1, 1)
+    diff.addcmul_(k0.unit, (-k0.scale / s).view(-1, 1, 1))
+    return frobenius(diff) * (s / k0.scale) / k0.norm
 
 
-def kernel_alignment(k: Tensor, y: Tensor, k_norm: Tensor, yy_norm: Tensor) -> Tensor:
-    """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out), ``k_norm`` = ‖K‖_F and
-    ``yy_norm`` = ‖YYᵀ‖_F (:func:`target_norm`) (E,). The inner product as the quadratic
-    form Σ_o y_oᵀ K y_o: no P × P target is formed."""
-    inner = (y * torch.bmm(k, y)).reshape(k.shape[0], -1).sum(1)
-    return inner / (k_norm * yy_norm)
+def kernel_alignment(k: Scaled, y: Tensor, yy_norm: Tensor) -> Tensor:
+    """⟨K, YYᵀ⟩_F / (‖K‖_F ‖YYᵀ‖_F) per member; y (E, P, k_out), ``yy_norm`` = ‖YYᵀ‖_F
+    (:func:`target_norm`) (E,). The inner product as the quadratic form Σ_o y_oᵀ K y_o: no
+    P × P target is formed."""
+    inner = (y * torch.bmm(k.unit, y)).reshape(k.unit.shape[0], -1).sum(1)
+    return inner / (k.norm * yy_norm)
 
 
 def target_norm(y: Tensor) -> Tensor:
