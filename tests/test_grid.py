@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 import itertools
 import tracemalloc
 from pathlib import Path
@@ -207,7 +208,10 @@ def test_grid_size_of_a_huge_grid_without_expanding_it():
 
 
 def _peak_while_iterating(spec) -> tuple[int, int]:
-    """(points, peak traced bytes) of streaming ``spec``'s grid, keeping no point."""
+    """(points, peak traced bytes) of streaming ``spec``'s grid, keeping no point. From a
+    collected heap: where the cyclic collector runs during the stream moves the peak by
+    about 0.2 MB, and without this that depended on the tests run before."""
+    gc.collect()
     tracemalloc.start()
     try:
         n = sum(1 for _ in iter_points(spec))
@@ -232,7 +236,7 @@ def _list_bytes(spec) -> tuple[int, int]:
         {
             "init_scale": {"logspace": [-2, 0, 20]},
             "width": [8, 16, 32],
-            "seed": {"range": [0, 100]},
+            "seed": {"range": [0, 200]},
         },
         {"seed": {"range": [0, 5000]}},  # one large section, validated lazily
         {"width": {"range": [1, 51]}, "init_scale": {"linspace": [0.5, 2, 100]}},  # likewise
