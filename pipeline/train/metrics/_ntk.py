@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from phasesweep.pipeline.train._models import EnsembleMLP, Forward, Params
 from phasesweep.pipeline.train.metrics import _decay, _squaring
+from phasesweep.pipeline.train.metrics._subspace import power_of_two_above
 from torch import Tensor
 
 
@@ -143,8 +144,7 @@ class Scaled(NamedTuple):
 
 def scaled(k: Tensor) -> Scaled:
     """``k`` (E, P, P), positive semidefinite, as a :class:`Scaled` kernel."""
-    largest = k.diagonal(dim1=1, dim2=2).amax(1)
-    scale = torch.ldexp(torch.ones_like(largest), torch.frexp(largest).exponent)
+    scale = power_of_two_above(k.diagonal(dim1=1, dim2=2).amax(1))
     unit = k / scale.view(-1, 1, 1)
     return Scaled(unit, scale, frobenius(unit))
 

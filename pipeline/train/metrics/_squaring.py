@@ -70,7 +70,7 @@ def top_eigenvalue(m: Tensor) -> Tensor:
 def extreme_eigenvalues(k: Tensor) -> tuple[Tensor, Tensor]:
     """The smallest and largest eigenvalues (E,), (E,) of each symmetric (E, n, n) ``k``
     (its symmetric part is read), within a small multiple of n·ε·‖k‖_F of the exact ones.
-    Entries must be finite. Each k is divided by its largest entry first
+    Entries must be finite. Each k is scaled to its largest entry first
     (:func:`~pipeline.train.metrics._subspace.by_largest`): were c to underflow to 0 (a
     tiny kernel), M₋ = −K would not be semidefinite, and λ_min would come out as −λ_max."""
     k, largest = by_largest((k + k.mT) / 2)

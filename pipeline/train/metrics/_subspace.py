@@ -64,7 +64,7 @@ def _orthonormalise(v: Tensor) -> Tensor:
     (to second order). Columns that a rank-deficient V cannot fill stay near zero (they add
     values near 0, not spurious ones).
 
-    V is first divided by its largest entry (:func:`by_largest`), so that max‖vᵢ‖² ∈ [1, m]
+    V is first scaled to its largest entry (:func:`by_largest`), so that max‖vᵢ‖² ∈ [1/4, m]
     and every shift is a normal number: a shift of zero or a subnormal, as a zero V
     (W − W(0) at the first step) would get, makes LAPACK's Cholesky return NaN."""
     eps = torch.finfo(v.dtype).eps
@@ -73,22 +73,28 @@ def _orthonormalise(v: Tensor) -> Tensor:
     v = by_largest(v)[0]
     for shift in (11 * (m * b + b * b) * eps, 4 * m * eps):
         gram = v.mT @ v
-        scale = gram.diagonal(dim1=1, dim2=2).amax(1).clamp_min(1.0)  # 1 for a zero V
+        scale = gram.diagonal(dim1=1, dim2=2).amax(1)
+        scale = torch.where(scale > 0, scale, 1.0)  # 1 for a zero V
         r = torch.linalg.cholesky_ex(gram + (shift * scale).view(-1, 1, 1) * eye)[0]
         v = torch.linalg.solve_triangular(r.mT, v, upper=True, left=False)
     norms = torch.linalg.vector_norm(v, dim=1, keepdim=True)
     return v / torch.where(norms > 0.5, norms, 1.0)
 
 
+def power_of_two_above(x: Tensor) -> Tensor:
+    """2^e for each x ∈ [2^(e−1), 2^e) (1 where x is 0): a divisor that rounds nothing."""
+    return torch.ldexp(torch.ones_like(x), torch.frexp(x).exponent)
+
+
 def by_largest(a: Tensor) -> tuple[Tensor, Tensor]:
-    """Each member of ``a`` (E, …) divided by its largest |entry| (left alone where it is
-    zero), and those divisors (E,). Singular values and eigenvalues scale with it; with
-    the largest entry 1, the squares and products that set them cannot underflow, where
-    those of entries below about 1e-19 (float32; 1e-154 in float64) would lose their
-    precision, or vanish on a device that flushes subnormals to zero (as a GPU may).
-    Cost: two passes over ``a``."""
-    largest = a.abs().amax(tuple(range(1, a.dim())))
-    largest = torch.where(largest > 0, largest, 1.0)
+    """Each member of ``a`` (E, …) divided by the power of two at or just above its largest
+    |entry| (:func:`power_of_two_above`: 1 where it is zero), and those divisors (E,).
+    Singular values and eigenvalues scale with it, exactly; with the largest entry in
+    [1/2, 1), the squares and products that set them cannot underflow, where those of
+    entries below about 1e-19 (float32; 1e-154 in float64) would lose their precision, or
+    vanish on a device that flushes subnormals to zero (as a GPU may). Cost: two passes
+    over ``a``."""
+    largest = power_of_two_above(a.abs().amax(tuple(range(1, a.dim()))))
     return a / largest.view(-1, *[1] * (a.dim() - 1)), largest
 
 
