@@ -13,7 +13,7 @@ import yaml
 from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
-from phasesweep.pipeline.train.metrics import _decay, _squaring, _subspace
+from phasesweep.pipeline.train.metrics import _decay, _spectra, _squaring, _subspace
 from phasesweep.pipeline.train.metrics._ntk import empirical_ntk
 
 F64 = torch.float64
@@ -206,6 +206,28 @@ def test_zero_and_underflowing_layers_in_either_precision(dtype, shape, flush_su
     assert (got[0] == 0).all()
     eps = torch.finfo(dtype).eps
     assert ((got - ref).abs() <= 4 * min(shape) * eps * ref[:, :1]).all(), (got, ref)
+
+
+@pytest.mark.parametrize("shape", [(128, 10), (64, 64)])
+def test_non_finite_members_are_read_as_zero_without_touching_the_layers(shape):
+    """A diverged member's layer (an inf or a NaN entry) beside ordinary ones: the subspace
+    method, told which are finite, gives exactly what it gives the batch with those layers
+    zeroed (values 0 for them) and leaves the caller's tensor as it was; the layer metric
+    then stores NaN for them on both paths, and LAPACK's values for the others."""
+    w = torch.randn(4, *shape, dtype=F64, generator=_rng(21))
+    w[1, 3, 2] = float("inf")
+    w[2, 0, 0] = float("nan")
+    given = w.clone()
+    finite = torch.tensor([True, False, False, True])
+    got = _subspace.top_singular_values(w, 5, finite=finite)
+    torch.testing.assert_close(w, given, rtol=0, atol=0, equal_nan=True)
+    zeroed = torch.where(finite.view(-1, 1, 1), w, 0.0)
+    assert torch.equal(got, _subspace.top_singular_values(zeroed, 5))
+    assert (got[1:3] == 0).all()
+    lapack = _spectra.top_singular_values(w, 5)
+    accelerated = _spectra.top_singular_values(w, 5, accelerated=True)
+    assert lapack[1:3].isnan().all() and accelerated[1:3].isnan().all()
+    _assert_top(accelerated[finite], lapack[finite], min(shape))
 
 
 def test_too_few_iterations_are_seen(monkeypatch):

@@ -44,11 +44,11 @@ def top_singular_values(
     instead of LAPACK.
     """
     ok = _finite_rows(w) if finite is None else finite
-    safe = torch.where(ok.view(-1, 1, 1), w, torch.zeros((), dtype=w.dtype, device=w.device))
-    if accelerated:
-        sv = _subspace.top_singular_values(safe, k)
+    if accelerated:  # zeroes the non-finite members in its own scaled copy
+        sv = _subspace.top_singular_values(w, k, finite=ok)
     else:
-        sv = torch.linalg.svdvals(safe)[:, :k]
+        zero = torch.zeros((), dtype=w.dtype, device=w.device)
+        sv = torch.linalg.svdvals(torch.where(ok.view(-1, 1, 1), w, zero))[:, :k]
     sv = torch.where(ok.unsqueeze(1), sv, torch.full_like(sv, float("nan")))
     if sv.shape[1] < k:
         pad = sv.new_full((sv.shape[0], k - sv.shape[1]), float("nan"))

@@ -31,6 +31,8 @@ iterations at b = 32, m = n = 256 cost about 6·m²·n, three m × m Gram produc
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -93,8 +95,9 @@ def by_largest(a: Tensor) -> tuple[Tensor, Tensor]:
     [1/2, 1), the squares and products that set them cannot underflow, where those of
     entries below about 1e-19 (float32; 1e-154 in float64) would lose their precision, or
     vanish on a device that flushes subnormals to zero (as a GPU may). Cost: two passes
-    over ``a``."""
-    largest = power_of_two_above(a.abs().amax(tuple(range(1, a.dim()))))
+    over ``a`` and one new tensor, the result (the largest |entry| is reduced without an
+    |a| temporary)."""
+    largest = power_of_two_above(torch.linalg.vector_norm(a, math.inf, tuple(range(1, a.dim()))))
     return a / largest.view(-1, *[1] * (a.dim() - 1)), largest
 
 
@@ -103,12 +106,19 @@ def _svdvals(a: Tensor) -> Tensor:
     return torch.cat([torch.linalg.svdvals(part) for part in a.split(SOLVER_BATCH)])
 
 
-def top_singular_values(w: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+def top_singular_values(
+    w: Tensor, k: int, generator: torch.Generator | None = None, finite: Tensor | None = None
+) -> Tensor:
     """The k largest singular values (E, min(k, m)) of each (E, rows, cols) ``w``,
-    descending, m = min(rows, cols) (module docstring for the accuracy). Entries must be
-    finite. ``generator``: the random start block's (default: a fixed seed, so that a
-    chunk's values do not depend on the global random state)."""
+    descending, m = min(rows, cols) (module docstring for the accuracy). ``generator``: the
+    random start block's (default: a fixed seed, so that a chunk's values do not depend on
+    the global random state). ``finite``: (E,) bool, the members whose entries are all
+    finite (default: all must be); the others are read as zero matrices (values 0), zeroed
+    in the scaled copy that the method makes anyway, not in a masked copy of ``w`` (at
+    width 256 a copy is 0.5 MB per member and matrix)."""
     w, largest = by_largest(w)
+    if finite is not None:
+        w.masked_fill_(~finite.view(-1, 1, 1), 0.0)
     E, rows, cols = w.shape
     if rows > cols:
         w = w.mT  # (E, m, n): the shorter side first
