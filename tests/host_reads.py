@@ -215,3 +215,18 @@ class CaptureGuard(_Watch):
                     )
             if len(ops) != len(first):
                 raise CaptureFault(f"step {k} runs {len(ops)} operators, step 0 {len(first)}")
+
+
+class Launches(TorchDispatchMode):
+    """``with Launches() as launches: ...``; ``launches.count``: the operators dispatched
+    that are not views. Each launches at least one kernel on a GPU (a view only changes
+    metadata; a solver may launch several), so equal counts on any device mean a sequence
+    of launches fixed in advance: the same for any ensemble size and any values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))

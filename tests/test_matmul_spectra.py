@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from host_reads import Launches
 from phasesweep.pipeline.grid import expand, make_chunks
 from phasesweep.pipeline.spec import validate_spec
 from phasesweep.pipeline.train._trainer import ChunkTrainer
@@ -300,3 +301,70 @@ def test_the_taylor_degree_reaches_eps():
     theta, q = _decay.THETA, _decay.DEGREE
     # the integral's column of exp(hM) is h·Σ (−hA)^i/(i + 1)!, cut after i = q − 1
     assert theta**q / math.factorial(q + 1) < EPS / 4
+
+
+# -- launches fixed in advance --------------------------------------------------------------
+
+
+def _launches(fn, *args, **kwargs) -> int:
+    with Launches() as launches:
+        fn(*args, **kwargs)
+    return launches.count
+
+
+def test_the_accelerated_methods_launch_a_count_fixed_in_advance():
+    """What a logged step launches on a GPU does not depend on the ensemble's size or on
+    its values (no count that depends on convergence, no call per member): for each method
+    one count per shape (and, for the integrals, per number of halvings, the one value the
+    host reads), over every test case and two ensemble sizes. The kernel's extreme
+    eigenvalues and the predictor's integrals take a few hundred operators; the layers'
+    subspace iteration a few thousand (its 48 iterations, the same for every layer)."""
+    squaring = {
+        (k.shape[1], _launches(_squaring.extreme_eigenvalues, part))
+        for k in _symmetric_cases().values()
+        for part in (k, k[:3])
+    }
+    assert len({n for n, _ in squaring}) == len(squaring)  # one count per order n
+    assert all(count <= 5 * _squaring.squarings(n) for n, count in squaring)
+
+    subspace = {
+        (w.shape[1:], _launches(_subspace.top_singular_values, part, 5))
+        for w in _layer_cases().values()
+        for part in (w, w[:1])
+    }
+    assert len({shape for shape, _ in subspace}) == len(subspace)
+
+    integrals = set()
+    for name in ("wishart", "graded over 16 decades", "rank 3"):
+        a = _symmetric_cases()[name]
+        a = a / torch.linalg.vector_norm(a, dim=(1, 2)).view(-1, 1, 1) * 3.0
+        norm = torch.linalg.vector_norm(a, dim=(1, 2))
+        r = torch.randn(a.shape[0], a.shape[1], 1, dtype=F64, generator=_rng(7))
+        for span in (1.0, 1e3, 1e5):
+            t = torch.rand(a.shape[0], 12, dtype=F64, generator=_rng(6)) * span
+            t[:, -1] = span
+            s = _decay.halvings(float((t.amax(1) * norm).max()))
+            for e in (a.shape[0], 3):
+                count = _launches(_decay.integrals, a[:e], norm[:e], t[:e], r[:e])
+                integrals.add((s, count))
+    assert len({s for s, _ in integrals}) == len(integrals) == 3
+    assert all(count <= 300 for _, count in integrals)
+
+
+def test_a_count_that_depends_on_the_values_is_seen(monkeypatch):
+    """The check above fails on a method that stops when it has converged."""
+    top = _squaring.top_eigenvalue
+
+    def until_converged(m):
+        b = m / m.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-300).view(-1, 1, 1)
+        for _ in range(_squaring.squarings(m.shape[1])):
+            power = torch.bmm(b, b)
+            power = power / power.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-300).view(-1, 1, 1)
+            if torch.allclose(power, b):  # a host read deciding the work
+                break
+            b = power
+        return top(m)
+
+    monkeypatch.setattr(_squaring, "top_eigenvalue", until_converged)
+    with pytest.raises(AssertionError):
+        test_the_accelerated_methods_launch_a_count_fixed_in_advance()
