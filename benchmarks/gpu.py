@@ -23,7 +23,10 @@ card's memory; ``--members`` caps it), timed piece by piece as a trial runs it:
 - the whole grid's time extrapolated from the chunk (chunk seconds × points / chunk size,
   one trial at a time on the card);
 - device memory: the peak measured (``torch.cuda.max_memory_allocated``) against the
-  planner's estimate for the chunk (``device_member_bytes`` per member).
+  planner's estimate for the chunk (``device_member_bytes`` per member);
+- the host kernel's seconds and the minor page faults of each phase: how much of the
+  host's per-point work is first touching fresh memory (a chunk's logged rows and tables
+  are gigabytes at the planner's chunk sizes).
 
 Then per width and depth: kernels, launches and host operators per non-logged step
 (torch.profiler over 16 of them, the step a CUDA graph), and the agreement with the CPU:
@@ -41,6 +44,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import resource
 import sys
 import tempfile
 import time
@@ -272,15 +276,20 @@ def grid_chunk(
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+    usage = [resource.getrusage(resource.RUSAGE_SELF)]
     try:
         started = time.perf_counter()
         chunk = expand_task(grid, task)
         expanded = time.perf_counter()
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
         trainer = ChunkTrainer(chunk, device)
         built = time.perf_counter()
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
         tables = trainer.run()
         ran = time.perf_counter()
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
         write_1_s, write_s = _write(tables, 1), _write(tables, WRITE_THREADS)
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
     except torch.cuda.OutOfMemoryError:
         return {"width": width, "depth": depth, "metrics": metrics, "note": "out of memory"}
     E, cfg = len(chunk.points), chunk.points[0].config
@@ -316,6 +325,21 @@ def grid_chunk(
         "flop_rate": flops_per_step(cfg) * steps * E / timing["train_s"],
         "peak_bytes": peak,
         "planned_bytes": planned,
+        "host_kernel": _host_kernel(usage),
+    }
+
+
+#: The phases between the resource-usage readings of :func:`grid_chunk`.
+PHASES = ("expansion", "setup", "run", "write")
+
+
+def _host_kernel(usage: Sequence[resource.struct_rusage]) -> dict[str, dict[str, float]]:
+    """Per phase of a chunk (:data:`PHASES`; ``run`` is the training, metrics and tables),
+    the host kernel's seconds on the process's behalf and the minor page faults: where a
+    phase's time goes to first touching fresh memory rather than to its own work."""
+    return {
+        phase: {"system_s": b.ru_stime - a.ru_stime, "minor_faults": b.ru_minflt - a.ru_minflt}
+        for phase, a, b in zip(PHASES, usage, usage[1:])
     }
 
 
@@ -433,6 +457,22 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_gib(r['peak_bytes'])} / {_gib(r['planned_bytes'])}",
         ]
         lines.append(f"{head} " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## The host kernel's part per phase (system seconds, minor page faults)",
+        "",
+        "| width | depth | metrics | " + " | ".join(PHASES) + " |",
+        "|---|---|---|" + "---|" * len(PHASES),
+    ]
+    for r in report["rows"]:
+        if "host_kernel" in r:
+            cells = [
+                f"{r['host_kernel'][p]['system_s']:.3g} s, {r['host_kernel'][p]['minor_faults']}"
+                for p in PHASES
+            ]
+            lines.append(
+                f"| {r['width']} | {r['depth']} | {r['metrics']} | " + " | ".join(cells) + " |"
+            )
     lines += [
         "",
         "## Per non-logged step (256 members, 16 steps profiled)",

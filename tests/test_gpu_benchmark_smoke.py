@@ -39,6 +39,10 @@ def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
         assert math.isclose(r["us_per_point"]["setup"], r["setup_s"] * 1e6 / 32)
         assert r["peak_bytes"] is None and r["planned_bytes"] > 0 and r["peak_fraction"] > 0
         assert r["write_1_thread_s"] > 0 and r["write_threads"] == gpu.WRITE_THREADS
+        assert list(r["host_kernel"]) == list(gpu.PHASES)
+        kernel = r["host_kernel"].values()
+        assert all(k["system_s"] >= 0 and k["minor_faults"] >= 0 for k in kernel)
+        assert sum(k["system_s"] for k in kernel) <= r["chunk_s"] + r["write_1_thread_s"]
     assert default["metrics_s"] > off["metrics_s"]
     (kernels,) = data["kernels"]
     # the CPU has no kernels or launches; its host dispatches the step's operators
@@ -53,6 +57,8 @@ def test_toy_grid_on_the_cpu_writes_a_consistent_report(tmp_path):
     assert "## Agreement with the CPU" in md and agree["worst_column"] in md
     chunk_table = md.split("\n\n")[3].splitlines()  # header, rule, a row per chunk
     assert len(chunk_table) == 4 and len({line.count("|") for line in chunk_table}) == 1
+    kernel_table = md.split("## The host kernel's part")[1].split("\n\n")[1].splitlines()
+    assert len(kernel_table) == 4 and len({line.count("|") for line in kernel_table}) == 1
 
 
 def test_column_differences_sees_a_changed_value_and_a_moved_null():
