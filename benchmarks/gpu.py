@@ -276,20 +276,22 @@ def grid_chunk(
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    usage = [resource.getrusage(resource.RUSAGE_SELF)]
+    usage: list[resource.struct_rusage] = []  # one reading at each phase's bounds
+
+    def mark() -> float:
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+        return time.perf_counter()
+
     try:
-        started = time.perf_counter()
+        started = mark()
         chunk = expand_task(grid, task)
-        expanded = time.perf_counter()
-        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+        expanded = mark()
         trainer = ChunkTrainer(chunk, device)
-        built = time.perf_counter()
-        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+        built = mark()
         tables = trainer.run()
-        ran = time.perf_counter()
-        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+        ran = mark()
         write_1_s, write_s = _write(tables, 1), _write(tables, WRITE_THREADS)
-        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+        mark()
     except torch.cuda.OutOfMemoryError:
         return {"width": width, "depth": depth, "metrics": metrics, "note": "out of memory"}
     E, cfg = len(chunk.points), chunk.points[0].config
