@@ -231,6 +231,26 @@ def test_non_finite_members_are_read_as_zero_without_touching_the_layers(shape):
     _assert_top(accelerated[finite], lapack[finite], min(shape))
 
 
+def test_non_finite_members_read_as_zero_whatever_divisor_a_device_gives_them(monkeypatch):
+    """The divisor of a member with an inf or a NaN entry is 2 to frexp's exponent of it:
+    0 on the CPU, unspecified for NaN on CUDA. With an infinite one (what an exponent past
+    the range would give) those members still get values 0, and the others are as before."""
+    w = torch.randn(4, 64, 64, dtype=F64, generator=_rng(22))
+    w[1, 3, 2] = float("inf")
+    w[2, 0, 0] = float("nan")
+    finite = torch.tensor([True, False, False, True])
+    expected = _subspace.top_singular_values(w, 5, finite=finite)
+    above = _subspace.power_of_two_above
+    monkeypatch.setattr(
+        _subspace,
+        "power_of_two_above",
+        lambda x: torch.where(x.isfinite(), above(x), torch.inf),
+    )
+    got = _subspace.top_singular_values(w, 5, finite=finite)
+    assert (got[1:3] == 0).all(), got
+    assert torch.equal(got, expected)
+
+
 def test_too_few_iterations_are_seen(monkeypatch):
     monkeypatch.setattr(_subspace, "ITERATIONS", 4)
     with pytest.raises(AssertionError):

@@ -119,6 +119,9 @@ def top_singular_values(
     w, largest = by_largest(w)
     if finite is not None:
         w.masked_fill_(~finite.view(-1, 1, 1), 0.0)
+        # their divisor is 2 to frexp's exponent of inf or NaN: 0 on the CPU, unspecified
+        # for NaN in CUDA's frexp (a huge one would turn the values 0 · 2^e into NaN)
+        largest = largest.masked_fill(~finite, 1.0)
     E, rows, cols = w.shape
     if rows > cols:
         w = w.mT  # (E, m, n): the shorter side first
