@@ -16,7 +16,7 @@ columns that older files lack are NULL. ``attempt`` stays visible for debugging.
   of a duplicate commit, are never seen.
 - ``summaries`` holds only current rows: those whose ``source_finished_at`` is their
   run's ``finished_at`` in ``runs`` (a run trained again since, or no longer stored,
-  has no summary until it is analyzed again: :func:`unanalyzed_sql`); ``plateaus`` the
+  has no summary until it is analyzed again: :data:`UNANALYZED_SQL`); ``plateaus`` the
   rows of the runs with a current summary.
 
 :func:`run_batches` reads a sweep's runs and their trajectories as these views show
@@ -299,13 +299,19 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+#: A ``summaries`` row ``s`` of the ``runs`` row ``r`` (the view shows only current ones).
+_SUMMARY_OF_RUN = "s.sweep = r.sweep AND s.run_id = r.run_id"
+#: A ``runs`` row ``r`` without a current summary, as a condition on ``r``.
+UNANALYZED = f"NOT EXISTS (SELECT 1 FROM summaries AS s WHERE {_SUMMARY_OF_RUN})"
 #: The runs of the sweep ``$sweep`` without a current summary (new points, points trained
 #: again after a repair, an extended grid, a sweep never analyzed), on a catalog connection.
-#: A ``runs`` row ``r`` without a current summary (the ``summaries`` view shows current ones).
-UNANALYZED = (
-    "NOT EXISTS (SELECT 1 FROM summaries AS s WHERE s.sweep = r.sweep AND s.run_id = r.run_id)"
+#: An anti join, not :data:`UNANALYZED`: with the sweep's filter beside it DuckDB plans that
+#: correlated subquery 4-5x slower (10⁶ runs: 10.5 against 2.0 s; both evaluate the views'
+#: joins and the ``runs`` window twice).
+UNANALYZED_SQL = (
+    f"SELECT r.* FROM runs AS r ANTI JOIN summaries AS s ON {_SUMMARY_OF_RUN} "
+    "WHERE r.sweep = $sweep"
 )
-UNANALYZED_SQL = f"SELECT r.* FROM runs AS r WHERE r.sweep = $sweep AND {UNANALYZED}"
 
 
 def run_batches(

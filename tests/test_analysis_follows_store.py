@@ -14,7 +14,7 @@ from phasesweep.analysis import analyze
 from phasesweep.analysis._analyze import DamagedRunsError
 from phasesweep.analysis._plotting import open_sweep
 from phasesweep.storage import Store, open_catalog, verify
-from phasesweep.storage._catalog import UNANALYZED_SQL
+from phasesweep.storage._catalog import UNANALYZED, UNANALYZED_SQL
 
 from phasesweep._cli import main
 
@@ -22,7 +22,7 @@ SWEEP = "follow"
 SCALES = (1e-3, 1e-2, 1e-1, 1.0)
 
 
-def _chunk(store: Store, chunk: str, widths=(16,), seeds=(0, 1)) -> list[str]:
+def _chunk(store: Store, chunk: str, widths=(16,), seeds=(0, 1), sweep: str = SWEEP) -> list[str]:
     """Commit one chunk of the synthetic sweep; its run ids."""
     tables = synthetic_sweep(
         init_scales=SCALES, widths=widths, depths=(2,), seeds=seeds, steps=2000
@@ -33,14 +33,23 @@ def _chunk(store: Store, chunk: str, widths=(16,), seeds=(0, 1)) -> list[str]:
         i = table.schema.get_field_index("run_id")
         ids = pc.binary_join_element_wise(tag, table["run_id"], "")
         tables[name] = table.set_column(i, "run_id", ids)
-    store.write_chunk(SWEEP, chunk, tables)
+    store.write_chunk(sweep, chunk, tables)
     return tables["runs"]["run_id"].to_pylist()
 
 
-def _unanalyzed(store: Store) -> set[str]:
+def _unanalyzed(store: Store, sweep: str = SWEEP) -> set[str]:
+    """The runs :data:`UNANALYZED_SQL` lists (an anti join), which the :data:`UNANALYZED`
+    condition on each run (``status`` and the loss curves use it) must select too."""
     with open_catalog(store) as con:
-        rows = con.execute(f"SELECT run_id FROM ({UNANALYZED_SQL})", {"sweep": SWEEP}).fetchall()
-    return {r for (r,) in rows}
+        listed, selected = (
+            {r for (r,) in con.execute(sql, {"sweep": sweep}).fetchall()}
+            for sql in (
+                f"SELECT run_id FROM ({UNANALYZED_SQL})",
+                f"SELECT run_id FROM runs AS r WHERE r.sweep = $sweep AND {UNANALYZED}",
+            )
+        )
+    assert listed == selected
+    return listed
 
 
 def _tables(store: Store) -> dict[str, pd.DataFrame]:
@@ -75,8 +84,10 @@ def test_new_points_are_unanalyzed_until_analyzed_incrementally(tmp_path, grow):
     first = _chunk(store, "c0")
     analyze(store, SWEEP, workers=0)
     assert _unanalyzed(store) == set()
-    extra = {"widths": (64,)} if grow == "extend_width" else {"seeds": (2,)}
-    added = _chunk(store, "c1", **extra)
+    if grow == "extend_width":
+        added = _chunk(store, "c1", widths=(64,))
+    else:
+        added = _chunk(store, "c1", seeds=(2,))
     assert _unanalyzed(store) == set(added)
     # the summaries view shows the first runs only; the new ones have none yet
     assert set(_tables(store)["summaries"]["run_id"]) == set(first)
@@ -84,6 +95,17 @@ def test_new_points_are_unanalyzed_until_analyzed_incrementally(tmp_path, grow):
     assert counts["summaries"] == len(first) + len(added)
     assert _unanalyzed(store) == set()
     _same_as_fresh(store)
+
+
+def test_a_summary_counts_for_its_own_sweep_only(tmp_path):
+    store = Store.open(str(tmp_path / "store"))
+    runs = _chunk(store, "c0")
+    assert _chunk(store, "c0", sweep="twin") == runs  # the same run ids in another sweep
+    analyze(store, SWEEP, workers=0)
+    assert _unanalyzed(store) == set()
+    assert _unanalyzed(store, "twin") == set(runs)
+    analyze(store, "twin", workers=0)
+    assert _unanalyzed(store, "twin") == set()
 
 
 def test_plot_context_analyzes_only_the_unanalyzed_runs(tmp_path, monkeypatch):
