@@ -277,7 +277,7 @@ def test_scale_benchmark_at_toy_size(tmp_path):
     assert math.isclose(pp["trainer_beside_steps"], sum(pp[k] for k in scale.BESIDE_STEPS))
     assert {*scale.PIPELINE, *scale.BESIDE_STEPS, "train"} == phases | {"write"}
     long = report["per_point_100_steps"]
-    assert pp["chunk_points"] == long["chunk_points"] == 40
+    assert pp["chunk_points"] == long["chunk_points"] == [40, 40]
     assert long["train"] > pp["train"]  # ten times the steps
     trainer = {x["trainer"] for x in (pp, long)}
     assert trainer == {x["trainer_beside_steps"] + x["train"] for x in (pp, long)}
@@ -289,5 +289,5 @@ def test_scale_benchmark_at_toy_size(tmp_path):
     assert math.isclose(report["launch_ratio"], large["seconds"] / small["seconds"])
     md = (tmp_path / "toy.scale.md").read_text()
     assert "| launch ratio (more points / fewer) |" in md and "per point, pipeline" in md
-    assert "| trainer's ratio" in md and "100 steps (chunks of 40)" in md
+    assert "| trainer's ratio" in md and "100 steps (chunks of 40 and 40)" in md
     assert json.loads((tmp_path / "toy.scale.json").read_text())["launch"] == report["launch"]
