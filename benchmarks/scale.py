@@ -6,9 +6,10 @@ What a sweep of 10⁶–10⁷ tiny trainings costs beyond its training, on this 
   RSS of the process (the plan holds chunk descriptors, never a list of points);
 - **per point**: one chunk of each group of the launch grid (width 16 and 32), cut as
   a launch cuts it, trained in one process after another of the same group (which pays
-  the first calls' costs), CPU time per point of each phase, averaged over the groups: plan (the whole grid's, per point), expand (the trial builds its
-  points), claim, done-check, set-up (data and initial weights), train (the step
-  loop), metrics (logged steps), tables and write (the Parquet commit). The pipeline's
+  the first calls' costs), CPU time per point of each phase, averaged over the groups:
+  plan (the whole grid's, per point), expand (the trial builds its points), claim,
+  done-check, set-up (data and initial weights), train (the step loop), metrics
+  (logged steps), tables and write (the Parquet commit). The pipeline's
   cost per point (target ≤ 100 µs) is plan, expand, claim, done-check and write: what
   a launch adds per point to the trainer; set-up, metrics and tables are the trainer's
   own per-point work beside its step loop. Measured at 10 and at 100 steps: the
