@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -180,19 +181,18 @@ def per_point(chunk_points: int | None, steps: int, grid_points: int) -> dict[st
     with tempfile.TemporaryDirectory() as folder:
         store = Store.open(folder)
         grid = timed("plan", Grid, spec)
-        tasks = timed("plan", plan_chunks, grid, min_chunks=2)
+        # at least two chunks of each group: one to warm up on, one to time
+        groups = sum(1 for _ in grid.groups())
+        tasks = timed("plan", plan_chunks, grid, min_chunks=2 * groups)
         plan_cpu = cpu["plan"]
-        groups: dict[tuple[int, ...], list] = {}
-        for task in tasks:
-            groups.setdefault(task.group, []).append(task)
-        # a trial's first chunk of a shape pays imports and first calls once; time a later
-        # one, as a trial of a long launch (its actor is reused) trains most of its chunks
-        for group_tasks in groups.values():
-            chunk_phases(store, group_tasks[1])
         per_group, sizes = [], []
-        for group_tasks in groups.values():
+        for _, group_tasks in itertools.groupby(tasks, key=lambda task: task.group):
+            timed_task, warm_up = itertools.islice(group_tasks, 2)
+            # a trial's first chunk of a shape pays imports and first calls once; time the
+            # next, as a trial of a long launch (its actor is reused) trains most chunks
+            chunk_phases(store, warm_up)
             cpu.clear()
-            n = chunk_phases(store, group_tasks[0])
+            n = chunk_phases(store, timed_task)
             per_group.append({name: s / n * 1e6 for name, s in cpu.items()})
             sizes.append(n)
     out = {"plan": plan_cpu / grid_points * 1e6}  # the whole grid's plan, per point
