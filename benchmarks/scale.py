@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import platform
 import subprocess
@@ -182,7 +183,7 @@ def per_point(chunk_points: int | None, steps: int, grid_points: int) -> dict[st
         store = Store.open(folder)
         grid = timed("plan", Grid, spec)
         # at least two chunks of each group: one to warm up on, one to time
-        groups = sum(1 for _ in grid.groups())
+        groups = math.prod(grid.split_sizes)
         tasks = timed("plan", plan_chunks, grid, min_chunks=2 * groups)
         plan_cpu = cpu["plan"]
         per_group, sizes = [], []
