@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import itertools
 import json
-import math
 import os
 import platform
 import subprocess
@@ -183,7 +182,7 @@ def per_point(chunk_points: int | None, steps: int, grid_points: int) -> dict[st
         store = Store.open(folder)
         grid = timed("plan", Grid, spec)
         # at least two chunks of each group: one to warm up on, one to time
-        groups = math.prod(grid.split_sizes)
+        groups = grid.n_groups
         tasks = timed("plan", plan_chunks, grid, min_chunks=2 * groups)
         plan_cpu = cpu["plan"]
         per_group, sizes = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import gc
 import itertools
+import math
 import tracemalloc
 from pathlib import Path
 
@@ -12,7 +13,14 @@ import numpy as np
 import pytest
 import yaml
 from phasesweep.pipeline._axes import axis_size
-from phasesweep.pipeline.grid import expand, grid_size, iter_points, make_chunks, run_id_of
+from phasesweep.pipeline.grid import (
+    Grid,
+    expand,
+    grid_size,
+    iter_points,
+    make_chunks,
+    run_id_of,
+)
 from phasesweep.pipeline.spec import SpecError, validate_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +151,15 @@ def test_streamed_expansion_matches_a_naive_loop(monkeypatch, grid, eager):
         assert grid_size(spec) == len(got)
     skip = {r for r, _, _ in got[::2]}
     assert [p.run_id for p in iter_points(spec, skip=skip)] == [r for r, _, _ in got[1::2]]
+
+
+@pytest.mark.parametrize("grid", MIXED_GRIDS)
+def test_groups_and_members_split_the_axes_product(grid):
+    """:attr:`Grid.n_groups` counts what :meth:`Grid.groups` lists, and groups times
+    members is the product of every axis' length (repeats included)."""
+    g = Grid(_spec(grid))
+    assert g.n_groups == sum(1 for _ in g.groups())
+    assert g.n_groups * g.members == math.prod(axis_size(a, v) for a, v in grid.items())
 
 
 def test_range_sizes_match_python_ranges_and_step_zero_is_refused():

@@ -114,6 +114,8 @@ class Grid:
             )
         )
         self.split_sizes = tuple(len(self.axes[i].values) for i in self.split)
+        #: groups of the grid, as many as :meth:`groups` lists (repeats included)
+        self.n_groups = math.prod(self.split_sizes)
         self.member_sizes = tuple(len(self.axes[i].values) for i in self.member)
         #: points of one group (repeats included)
         self.members = math.prod(self.member_sizes)

@@ -99,7 +99,7 @@ def plan_chunks(
     its points and is left out. O(groups) configs are validated, O(chunks) tasks made.
     """
     digest = member_digest(grid)
-    total = max(1, grid.members * int(np.prod(grid.split_sizes, dtype=object)))
+    total = max(1, grid.members * grid.n_groups)
     share = -(-min_chunks * grid.members // total)
     seen: set[bytes] = set()
     tasks: list[ChunkTask] = []
