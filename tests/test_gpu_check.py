@@ -50,6 +50,17 @@ def torch_range() -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
+def test_every_stated_torch_range_is_pyprojects():
+    """The prose that repeats the range (the README, scripts/setup, this script) states
+    pyproject.toml's, so widening it cannot leave a stale copy behind."""
+    wanted = torch_range()
+    for name, copies in [("README.md", 2), ("scripts/setup", 1), ("scripts/gpu-check", 1)]:
+        stated = re.findall(
+            r"torch\s*(?:>=|≥)\s*([\d.]+),\s*<\s*([\d.]+)", (ROOT / name).read_text()
+        )
+        assert stated == [wanted] * copies, name
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A tree holding the script and pyproject.toml, and a fake ``python`` in ``bin``."""
