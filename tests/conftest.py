@@ -221,6 +221,17 @@ def tiny_spec(tmp_path) -> Callable[..., Path]:
 
 
 @pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short TMPDIR of the test's own (Ray's socket paths live under it, and must stay
+    short): a launch started with it keeps its Tune folders, Ray's temp files and DuckDB's
+    spill folder there, apart from other tests and sessions, and a launch the test kills
+    (which cleans nothing up) leaves nothing in the machine's /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="ps", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def phasesweep_cli() -> Callable[..., subprocess.Popen]:
     """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
     phasesweep._cli *args`` in a process of its own, with this environment plus ``env_extra``

@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from phasesweep.storage import Store, run_query
@@ -234,12 +231,14 @@ def test_the_command_leaves_ray_before_the_interpreter_exits(
 
 
 @pytest.mark.ray
-def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli):
+def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phasesweep_cli, short_tmp):
     """SIGKILL the launcher (and its Ray) after some chunks committed; relaunch finishes the rest."""
     store = tmp_path / "store"
     spec = tiny_spec({"execution.max_chunk_size": 1, "train.steps": 3000})
     proc = phasesweep_cli(
-        ["run", str(spec), "--store", str(store), "--no-progress"], start_new_session=True
+        ["run", str(spec), "--store", str(store), "--no-progress"],
+        env_extra={"TMPDIR": str(short_tmp)},
+        start_new_session=True,
     )
     deadline = time.time() + 240
     while time.time() < deadline and len(list((store / "runs").rglob("*.parquet"))) < 2:
@@ -264,7 +263,9 @@ def test_crash_midway_loses_and_duplicates_nothing(tmp_path, tiny_spec, phaseswe
 
 
 @pytest.mark.ray
-def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phasesweep_cli):
+def test_failed_points_exit_1_then_relaunch_completes(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
     store = tmp_path / "store"
     spec = tiny_spec()
     import trial_faults
@@ -272,9 +273,6 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     from phasesweep.pipeline.spec import load_spec_and_raw
 
     victim = expand(load_spec_and_raw(spec)[0])[0].run_id
-    tune_tmp = Path(
-        tempfile.mkdtemp(prefix="ps", dir="/tmp")
-    )  # short: Ray's socket paths live here
     proc = phasesweep_cli(
         [
             "run",
@@ -287,7 +285,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
             "--cpus-per-trial",
             "2",
         ],
-        env_extra={**trial_faults.env(PHASESWEEP_INJECT_FAILURE=victim), "TMPDIR": str(tune_tmp)},
+        env_extra={**trial_faults.env(PHASESWEEP_INJECT_FAILURE=victim), "TMPDIR": str(short_tmp)},
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
@@ -304,7 +302,7 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
         == 1
     )
     # Tune's experiment directory does not outlive the run
-    assert not [p for p in tune_tmp.iterdir() if p.name.startswith("phasesweep-tune-")]
+    assert not [p for p in short_tmp.iterdir() if p.name.startswith("phasesweep-tune-")]
     # threads per trial = CPUs Ray gave it
     assert _count(store, "SELECT min(torch_threads) FROM runs WHERE status = 'completed'") == 2
 
@@ -315,7 +313,6 @@ def test_failed_points_exit_1_then_relaunch_completes(tmp_path, tiny_spec, phase
     names, rows = run_query(store, "SELECT status, count(*) FROM runs GROUP BY status")
     assert rows == [("completed", 6)]
     assert _count(store, "SELECT min(torch_threads) FROM runs") == 1
-    shutil.rmtree(tune_tmp, ignore_errors=True)
 
 
 _SUFFIX = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}

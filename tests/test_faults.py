@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -31,15 +30,6 @@ from trial_faults import HOLD_ENV
 TIMEOUT = 600
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture
-def short_tmp():
-    """A short private TMPDIR (Ray's socket paths live under it): the launches' Tune
-    folders and Ray's temp files go there, apart from other tests and sessions."""
-    path = Path(tempfile.mkdtemp(prefix="pf", dir="/tmp"))
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def _raw(store: Path, table: str, sweep: str):

@@ -5,24 +5,14 @@ of the Ray they started."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import TINY_SPEC
 
 pytestmark = [pytest.mark.ray, pytest.mark.process]
-
-
-@pytest.fixture
-def private_tmp():
-    """A short TMPDIR of the test's own (Ray's socket paths live under it)."""
-    path = Path(tempfile.mkdtemp(prefix="pl", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _ours(tmp: Path) -> list[Path]:
@@ -42,7 +32,7 @@ def _ray_processes(tmp: Path) -> list[str]:
     return found
 
 
-def test_a_launch_from_the_api_leaves_no_ray_folder_or_process(private_tmp, tmp_path):
+def test_a_launch_from_the_api_leaves_no_ray_folder_or_process(short_tmp, tmp_path):
     """``phasesweep.run`` in a Python process that then exits, not calling
     ``ray.shutdown`` itself: the embedded Ray stops and its private folder goes."""
     script = (
@@ -51,23 +41,23 @@ def test_a_launch_from_the_api_leaves_no_ray_folder_or_process(private_tmp, tmp_
         "out = phasesweep.run(spec, sys.argv[1], overrides=['train.steps=20'])\n"
         "print('trained', out.trained)\n"
     )
-    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "store")],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0 and "trained 6" in done.stdout, done.stderr
-    assert _ours(private_tmp) == []
-    assert _ray_processes(private_tmp) == []
+    assert _ours(short_tmp) == []
+    assert _ray_processes(short_tmp) == []
 
 
 def test_a_launch_from_the_cli_and_standing_stop_leave_nothing(
-    private_tmp, tmp_path, tiny_spec, phasesweep_cli
+    short_tmp, tmp_path, tiny_spec, phasesweep_cli
 ):
     """``phasesweep run`` on its embedded Ray, then on the standing one, and ``standing
     stop``: no ``ps-ray-*`` folder and no Ray process left under the TMPDIR."""
-    env = {"TMPDIR": str(private_tmp), "PHASESWEEP_STANDING_DIR": str(private_tmp / "st")}
+    env = {"TMPDIR": str(short_tmp), "PHASESWEEP_STANDING_DIR": str(short_tmp / "st")}
     store = str(tmp_path / "store")
     for name, extra in (("embedded", []), ("standing", ["--address", "standing"])):
         spec = tiny_spec({"name": name, "train.steps": 20})
@@ -75,24 +65,24 @@ def test_a_launch_from_the_cli_and_standing_stop_leave_nothing(
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err
         if name == "embedded":
-            assert _ours(private_tmp) == [] and _ray_processes(private_tmp) == []
-    assert len(_ours(private_tmp)) == 1  # the standing Ray's, while it runs
+            assert _ours(short_tmp) == [] and _ray_processes(short_tmp) == []
+    assert len(_ours(short_tmp)) == 1  # the standing Ray's, while it runs
     try:
         proc = phasesweep_cli(["standing", "stop"], env)
         assert proc.communicate(timeout=120)[0].strip() == "stopped"
-        assert _ours(private_tmp) == []
-        assert _ray_processes(private_tmp) == []
+        assert _ours(short_tmp) == []
+        assert _ray_processes(short_tmp) == []
     finally:
         phasesweep_cli(["standing", "stop"], env).communicate(timeout=120)
 
 
-def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(private_tmp):
+def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(short_tmp):
     from phasesweep.pipeline.run._standing import kill_running_from
 
-    folder = private_tmp / "ps-ray-x"
+    folder = short_tmp / "ps-ray-x"
     sleep = [sys.executable, "-c", "import time, sys; time.sleep(600)"]
     inside = subprocess.Popen([*sleep, f"--temp-dir={folder}/r"])
-    beside = subprocess.Popen([*sleep, f"--temp-dir={private_tmp}/ps-ray-y/r"])
+    beside = subprocess.Popen([*sleep, f"--temp-dir={short_tmp}/ps-ray-y/r"])
     try:
         kill_running_from(str(folder))
         assert inside.wait(timeout=30) == -9
@@ -103,7 +93,7 @@ def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(priva
         beside.wait()
 
 
-def test_ctrl_c_while_ray_starts_leaves_nothing(private_tmp, tmp_path, tiny_spec, phasesweep_cli):
+def test_ctrl_c_while_ray_starts_leaves_nothing(short_tmp, tmp_path, tiny_spec, phasesweep_cli):
     """SIGINT as soon as the embedded Ray's folder appears (its start-up under way): the
     launch exits 130 and leaves no folder and no process of that Ray."""
     import signal
@@ -112,14 +102,14 @@ def test_ctrl_c_while_ray_starts_leaves_nothing(private_tmp, tmp_path, tiny_spec
     spec = tiny_spec({"train.steps": 20})
     proc = phasesweep_cli(
         ["run", str(spec), "--store", str(tmp_path / "store"), "--no-progress"],
-        {"TMPDIR": str(private_tmp)},
+        {"TMPDIR": str(short_tmp)},
     )
     deadline = time.monotonic() + 300
-    while not _ours(private_tmp) and proc.poll() is None and time.monotonic() < deadline:
+    while not _ours(short_tmp) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert _ours(private_tmp), "the embedded Ray's folder never appeared"
+    assert _ours(short_tmp), "the embedded Ray's folder never appeared"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
-    assert _ours(private_tmp) == []
-    assert _ray_processes(private_tmp) == []
+    assert _ours(short_tmp) == []
+    assert _ray_processes(short_tmp) == []

@@ -285,7 +285,9 @@ def test_a_training_failure_fails_the_batch_and_the_next_refine_retries_it(synth
     assert failed <= {(t.params[LINE], t.params[X]) for t in trials if t.state != TrialState.FAIL}
 
 
-def _start(store: Store, log: str, block_at: int = 0, delay: float = 0.0):
+def _start(store: Store, log: str, tmp: Path, block_at: int = 0, delay: float = 0.0):
+    """A refine in a process of its own, whose temporary files (DuckDB's spill folder) go
+    to ``tmp``: a killed one cleans nothing up."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -295,6 +297,7 @@ def _start(store: Store, log: str, block_at: int = 0, delay: float = 0.0):
             str(block_at),
             str(delay),
         ],
+        env=dict(os.environ, TMPDIR=str(tmp)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -307,7 +310,7 @@ def test_killed_refine_resumes_where_it_stopped(synth_store, tmp_path):
     second one, after the first committed. The resume adopts the dead process's trials,
     trains only the chunk the store lacks, and ends where an uninterrupted run ends."""
     log = str(tmp_path / "trained.log")
-    proc = _start(synth_store, log, block_at=4)
+    proc = _start(synth_store, log, tmp_path, block_at=4)
     deadline = time.monotonic() + 300
     while not os.path.exists(log + ".blocked"):
         assert proc.poll() is None, proc.communicate()
@@ -337,13 +340,13 @@ def test_two_refines_of_one_sweep_never_train_a_point_twice(synth_store, tmp_pat
     (its points pending in the journal): it must not train them, and the two together
     end where one refine ends."""
     log = str(tmp_path / "trained.log")
-    first = _start(synth_store, log, delay=1.0)
+    first = _start(synth_store, log, tmp_path, delay=1.0)
     deadline = time.monotonic() + 300
     while not syn.trained(log):
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    second = _start(synth_store, log, delay=1.0)
+    second = _start(synth_store, log, tmp_path, delay=1.0)
     outs = [p.communicate(timeout=600) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], outs
     trained = syn.trained(log)
