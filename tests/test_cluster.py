@@ -8,12 +8,10 @@ import functools
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -291,7 +289,7 @@ def _start_node(
 @pytest.mark.slow
 @pytest.mark.process
 @pytest.mark.ray
-def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phasesweep_cli):
+def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phasesweep_cli, short_tmp):
     """Head and two worker nodes as separate `ray start` processes, a moto S3 server as the
     store; one worker node is SIGKILLed once the first chunk is committed. The sweep still
     completes, and the raw files hold every point once with its whole trajectory.
@@ -305,8 +303,7 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     nodes: list[subprocess.Popen] = []
-    # Ray's temp folder of every node: short (socket paths), and not the machine's /tmp/ray
-    ray_tmp = tempfile.mkdtemp(prefix="ps-", dir="/tmp")
+    ray_tmp = short_tmp  # Ray's temp folder of every node, not the machine's /tmp/ray
     try:
         host, port = server.get_host_and_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
@@ -399,4 +396,3 @@ def test_worker_node_killed_mid_sweep_on_s3_store(tmp_path, tiny_spec, phaseswee
             if node.poll() is None:
                 _kill_session(node)
         server.stop()
-        shutil.rmtree(ray_tmp, ignore_errors=True)

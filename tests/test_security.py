@@ -124,15 +124,13 @@ def other_account():
 
 
 @pytest.fixture
-def state_folder(monkeypatch):
+def state_folder(monkeypatch, short_tmp):
     """A fresh state folder for this test's local Rays; what runs there is stopped after."""
-    folder = Path(tempfile.mkdtemp(prefix="ps-", dir="/tmp"))  # short: Ray's socket paths
-    monkeypatch.setenv(_auth.FOLDER_ENV, str(folder))
+    monkeypatch.setenv(_auth.FOLDER_ENV, str(short_tmp))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv(_auth.MODE, raising=False)
-    yield folder
+    yield short_tmp
     _standing.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _alive_nodes(address: str) -> int:
@@ -251,12 +249,12 @@ def test_the_embedded_ray_is_private_to_its_owner(other_account, state_folder):
 
 
 def test_a_folder_another_account_planted_is_refused_and_nothing_in_it_used(
-    other_account, tmp_path, tiny_spec, phasesweep_cli
+    other_account, tmp_path, tiny_spec, phasesweep_cli, short_tmp
 ):
     """The attack of issue 25: another account creates the state folder first, with an
     ``instance.json`` that names a process of the owner and a folder to delete. Every
     command refuses the folder (exit 2, naming it and the fix) and touches neither."""
-    shared = Path(tempfile.mkdtemp(prefix="ps-", dir="/tmp"))
+    shared = short_tmp
     victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
     keep = tmp_path / "keep"
     keep.mkdir()
@@ -290,7 +288,6 @@ def test_a_folder_another_account_planted_is_refused_and_nothing_in_it_used(
     finally:
         victim.kill()
         victim.wait()
-        shutil.rmtree(shared, ignore_errors=True)
 
 
 # Without a second account: what the owner's own mistakes, or a link, look like.

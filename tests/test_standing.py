@@ -19,15 +19,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.process]
 
 
 @pytest.fixture
-def standing_dir(monkeypatch):
+def standing_dir(monkeypatch, short_tmp):
     """A private folder for the standing instance (short: Ray's socket paths live in it);
     whatever a test leaves running there is stopped afterwards."""
-    folder = tempfile.mkdtemp(prefix="ps-", dir="/tmp")
-    monkeypatch.setenv("PHASESWEEP_STANDING_DIR", folder)
+    monkeypatch.setenv("PHASESWEEP_STANDING_DIR", str(short_tmp))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    yield Path(folder)
+    yield short_tmp
     _standing.stop()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(phasesweep_cli, spec: Path, store: Path, *args: str, env: dict | None = None):
