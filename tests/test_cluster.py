@@ -42,12 +42,16 @@ def _token(folder: Path) -> Path:
 
 
 @pytest.fixture
-def ray_cluster(monkeypatch, tmp_path):
+def ray_cluster(monkeypatch, tmp_path, short_tmp):
     """A head and a worker node in this process, with token authentication (the token in
-    this process's environment, so drivers started from it present it)."""
+    this process's environment, so drivers started from it present it). Their session
+    files and the cluster's address file are in ``short_tmp``, not the machine's /tmp/ray
+    (Ray deletes no session folder, and ``ray.init()`` anywhere on the machine would find
+    the address file there)."""
     from phasesweep.pipeline.run._auth import refresh_ray
     from ray.cluster_utils import Cluster
 
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp))
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(_token(tmp_path)))
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)

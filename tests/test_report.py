@@ -7,6 +7,7 @@ playwright; it never downloads a browser. It is skipped only if
 
 from __future__ import annotations
 
+import os
 import re
 from base64 import b64decode
 from html.parser import HTMLParser
@@ -183,10 +184,13 @@ def test_report_html_from_parts_escapes_and_tables():
     "(apt-get install -y chromium); playwright never downloads one here",
 )
 @pytest.mark.heavy
-def test_report_in_headless_browser(page):
+def test_report_in_headless_browser(page, tmp_path):
     from playwright.sync_api import sync_playwright
 
     _, path, _ = page
+    # chromium keeps crash reports and settings under $XDG_CONFIG_HOME and $XDG_CACHE_HOME
+    # whatever its profile folder: the test's own, not the home folder
+    home = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     errors: list[str] = []
     failed: list[str] = []
     with sync_playwright() as pw:
@@ -200,6 +204,7 @@ def test_report_in_headless_browser(page):
                 "--disable-sync",
                 "--no-first-run",
             ],
+            env={**os.environ, **home},
         )
         try:
             tab = browser.new_page(viewport={"width": 1280, "height": 900})
