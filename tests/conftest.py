@@ -19,6 +19,7 @@ import copy
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,16 @@ from phasesweep.storage import Store, schema
 # Ray gives it: on 2 cores, torch's default of 2 threads ran small batched ops ~50x slower,
 # and far slower still on a busy machine (each thread spins at its barriers).
 torch.set_num_threads(1)
+
+# The processes the tests start stand for a user's commands at a terminal, where Ctrl-C
+# (SIGINT) interrupts them. A test run started as a background job of a non-interactive
+# shell (`bash scripts/test &`, `nohup ... &`) has SIGINT ignored, as POSIX has the shell
+# do, and every process it starts inherits that: a launch then ignores a SIGINT that
+# comes during its Ray's start-up, so the Ctrl-C tests passed or failed by how the run was
+# started (and by which tests ran before them in the worker). Python's own handler makes
+# the processes started from here begin with SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _STORE_FILLED = ("attempt", "chunk_id")  # set by Store.write_chunk
 

@@ -1,7 +1,7 @@
 """The contributor's tooling, each piece doing the real thing: the package layout as a
 wheel and a type checker see it (``phasesweep/pipeline`` etc. link to the top-level
-folders), the type check's gate (``scripts/typecheck.py``) and the guard that keeps the
-test tiers honest (``tests/conftest.py``)."""
+folders), the type check's gate (``scripts/typecheck.py``), the guard that keeps the
+test tiers honest and the Ctrl-C the processes that tests start take (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -113,11 +113,32 @@ def test_spawned_processes_are_told_apart():
     assert spawned_marker(None, "chromium --headless") is None
 
 
-@pytest.mark.process
-def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
+def _inner_pytest(tmp_path: Path, tests: str, launcher: tuple[str, ...] = ()):
+    """A pytest session of its own in ``tmp_path`` over the test module ``tests``, with this
+    project's conftest; returns ``run(*pytest_args) -> stdout``. ``launcher``: Python code run
+    first in the session's process, which then becomes pytest (``os.execv``)."""
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    process: x\n    ray: x\n")
-    (tmp_path / "test_inner.py").write_text(
+    (tmp_path / "test_inner.py").write_text(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    # the conftest's own imports of the test helpers beside it (calibration, ...)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
+    pytest_argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf"]
+    if launcher:
+        code = "\n".join([*launcher, f"os.execv(sys.executable, {pytest_argv!r} + sys.argv[1:])"])
+        pytest_argv = [sys.executable, "-c", code]
+
+    def run(*args: str) -> str:
+        inner = [*pytest_argv, *args]
+        return subprocess.run(inner, cwd=tmp_path, capture_output=True, text=True, env=env).stdout
+
+    return run
+
+
+@pytest.mark.process
+def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
+    pytest_ = _inner_pytest(
+        tmp_path,
         "import subprocess, sys\n"
         "import pytest\n\n"
         "def test_unmarked():\n"
@@ -128,16 +149,8 @@ def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
         "def test_other_programs():\n"
         "    subprocess.run(['git', '--version'], check=True, capture_output=True)\n\n"
         "def test_uses_the_cli_fixture(phasesweep_cli):\n"
-        "    assert phasesweep_cli(['--version']).communicate(timeout=300)[0]\n"
+        "    assert phasesweep_cli(['--version']).communicate(timeout=300)[0]\n",
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    # the conftest's own imports of the test helpers beside it (calibration, ...)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), env.get("PYTHONPATH")]))
-
-    def pytest_(*args: str) -> str:
-        inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *args]
-        return subprocess.run(inner, cwd=tmp_path, capture_output=True, text=True, env=env).stdout
-
     out = pytest_()
     assert "1 failed, 3 passed" in out, out
     assert "FAILED test_inner.py::test_unmarked" in out
@@ -145,6 +158,26 @@ def test_a_test_that_starts_python_without_its_marker_fails(tmp_path):
     assert why in out, out
     out = pytest_("-m", "not process")  # the fixture marked the test that uses it
     assert "1 failed, 1 passed, 2 deselected" in out, out
+
+
+@pytest.mark.process
+def test_processes_a_test_starts_take_ctrl_c_even_where_the_run_ignores_it(tmp_path):
+    """A test session started with SIGINT ignored (a background job of a non-interactive
+    shell): the processes its tests start still begin with Python's Ctrl-C handler, as at
+    a terminal, so the Ctrl-C tests do not depend on how the run was started."""
+    pytest_ = _inner_pytest(
+        tmp_path,
+        "import subprocess, sys\n"
+        "import pytest\n\n"
+        "@pytest.mark.process\n"
+        "def test_child_handler():\n"
+        "    code = 'import signal; print(signal.getsignal(signal.SIGINT))'\n"
+        "    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)\n"
+        "    assert 'default_int_handler' in out.stdout, out\n",
+        launcher=("import os, signal, sys", "signal.signal(signal.SIGINT, signal.SIG_IGN)"),
+    )
+    out = pytest_()
+    assert "1 passed" in out, out
 
 
 def test_the_readme_gives_the_fast_tier_that_scripts_test_runs(pytestconfig):
