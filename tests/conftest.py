@@ -242,6 +242,25 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_state_folder() -> Iterator[None]:
+    """The state folder (``$PHASESWEEP_STANDING_DIR``: the token of every local Ray a launch
+    starts) of this session's own, unless the environment names one: without it, the first
+    embedded launch of a run wrote its token into this user's real state folder
+    (``/tmp/phasesweep-ray-$UID``), which outlived the run. Tests of the default location
+    unset the variable themselves; ``shared_ray`` sets its own while it runs."""
+    if os.environ.get("PHASESWEEP_STANDING_DIR"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="ps-state-", dir="/tmp")
+    os.environ["PHASESWEEP_STANDING_DIR"] = folder
+    try:
+        yield
+    finally:
+        os.environ.pop("PHASESWEEP_STANDING_DIR", None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
 def phasesweep_cli() -> Callable[..., subprocess.Popen]:
     """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
