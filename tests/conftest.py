@@ -253,11 +253,11 @@ def session_state_folder() -> Iterator[None]:
         yield
         return
     folder = tempfile.mkdtemp(prefix="ps-state-", dir="/tmp")
-    os.environ["PHASESWEEP_STANDING_DIR"] = folder
     try:
-        yield
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PHASESWEEP_STANDING_DIR", folder)
+            yield
     finally:
-        os.environ.pop("PHASESWEEP_STANDING_DIR", None)
         shutil.rmtree(folder, ignore_errors=True)
 
 
