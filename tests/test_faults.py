@@ -22,6 +22,7 @@ import torch
 import trial_faults
 from phasesweep.pipeline.grid import expand, group_tag
 from phasesweep.pipeline.run._progress import LINE_EVERY_ENV
+from phasesweep.pipeline.run._standing import running_from
 from phasesweep.pipeline.spec import load_spec_and_raw
 from phasesweep.storage.schema import log_steps, to_table
 from trial_faults import HOLD_ENV
@@ -252,22 +253,46 @@ def test_sigkill_mid_chunk_then_relaunch_resumes_and_stores_every_point_once(
     assert not tune_dirs.exists()  # ... and removed by the next launch
 
 
-def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
-    tmp_path, tiny_spec, phasesweep_cli, short_tmp
-):
+def _two_chunks_mid_training(tmp_path, tiny_spec, phasesweep_cli, short_tmp):
+    """A launch (a session of its own) of three chunks of two points, two trials at a
+    time, once two chunks have checkpointed mid-training (the third is never tried);
+    returns (its process, the store, the spec, its arguments, its environment)."""
     store = tmp_path / "store"
-    # three chunks of two points, two trials at a time: one chunk is never tried
     spec = tiny_spec({**LONG_CHUNKS, "execution.max_chunk_size": 2})
     args = ["run", str(spec), "--store", str(store), "--cpus-per-trial", "1", "--no-progress"]
     env = {"TMPDIR": str(short_tmp)}
     proc = phasesweep_cli(args, env_extra=_held(env, tmp_path), start_new_session=True)
     _wait_for(lambda: _started(store, 2), "checkpoints of two chunks")
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    return proc, store, spec, args, env
+
+
+@pytest.mark.parametrize(
+    "stop,to_group",
+    [
+        (signal.SIGINT, True),  # Ctrl-C, as a terminal sends it: to the whole process group
+        (signal.SIGTERM, False),  # kill PID, timeout, Kubernetes: to the launch alone
+    ],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_signal_stops_cleanly_nothing_failed_then_relaunch_completes(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp, stop, to_group
+):
+    """The running chunks checkpoint at the stop (not only every commit_every_seconds),
+    nothing is marked failed, the exit status is 128 + the signal's number, and the
+    relaunch resumes both chunks."""
+    proc, store, spec, args, env = _two_chunks_mid_training(
+        tmp_path, tiny_spec, phasesweep_cli, short_tmp
+    )
+    if to_group:
+        os.killpg(proc.pid, stop)
+    else:
+        proc.send_signal(stop)
     _, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
+    assert proc.returncode == 128 + stop, err
+    assert f"interrupted ({stop.name})" in err and "Traceback" not in err
     assert not (store / "runs").exists()  # nothing finished, nothing marked failed
     assert len(_checkpoints(store)) == 2  # the running chunks' work is kept
+    assert not list((store / "claims").rglob("stop-*"))  # the stop marker is gone
 
     again = phasesweep_cli(args, env_extra=env)
     _, err = again.communicate(timeout=TIMEOUT)
@@ -275,6 +300,33 @@ def test_sigint_stops_cleanly_exit_130_nothing_failed_then_relaunch_completes(
     assert "(0 diverged, 4 resumed from checkpoints)" in err
     assert_each_point_once(store, spec)
     assert not _checkpoints(store)
+
+
+def test_sigterm_to_the_whole_group_stops_the_launch_at_once_with_its_embedded_ray(
+    tmp_path, tiny_spec, phasesweep_cli, short_tmp
+):
+    """SIGTERM to every process of the launch, as a batch scheduler's stop or ``kill -TERM
+    -PGID`` sends it: Ray's own processes end too, so the trials cannot checkpoint. The
+    launch does not wait for them (Ray's client would block it for a minute, then abort
+    it, leaving the stop marker and Ray's folder): it exits 143 at once, leaving no stop
+    marker, no Ray folder and no Ray process, and the relaunch trains every point once."""
+    proc, store, spec, args, env = _two_chunks_mid_training(
+        tmp_path, tiny_spec, phasesweep_cli, short_tmp
+    )
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 143, err
+    assert "interrupted (SIGTERM), which stopped the embedded Ray too" in err, err
+    assert "Traceback" not in err and "GCS" not in err
+    assert not (store / "runs").exists()
+    assert not list((store / "claims").rglob("stop-*"))
+    assert not list(short_tmp.glob("ps-ray-*"))
+    assert not running_from(str(short_tmp))  # no process of that Ray's
+
+    again = phasesweep_cli(args, env_extra=env)
+    _, err = again.communicate(timeout=TIMEOUT)
+    assert again.returncode == 0, err
+    assert_each_point_once(store, spec)
 
 
 def test_a_trial_trains_only_the_points_it_claims_and_skips_stored_ones(tmp_path, tiny_spec):

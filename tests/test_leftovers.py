@@ -5,6 +5,7 @@ of the Ray they started."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -93,10 +94,13 @@ def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(short
         beside.wait()
 
 
-def test_ctrl_c_while_ray_starts_leaves_nothing(short_tmp, tmp_path, tiny_spec, phasesweep_cli):
-    """SIGINT as soon as the embedded Ray's folder appears (its start-up under way): the
-    launch exits 130 and leaves no folder and no process of that Ray."""
-    import signal
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_while_ray_starts_leaves_nothing(
+    short_tmp, tmp_path, tiny_spec, phasesweep_cli, stop
+):
+    """SIGINT or SIGTERM as soon as the embedded Ray's folder appears (its start-up under
+    way): the launch exits 128 + the signal's number and leaves no folder and no process
+    of that Ray."""
     import time
 
     spec = tiny_spec({"train.steps": 20})
@@ -108,8 +112,8 @@ def test_ctrl_c_while_ray_starts_leaves_nothing(short_tmp, tmp_path, tiny_spec, 
     while not _ours(short_tmp) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _ours(short_tmp), "the embedded Ray's folder never appeared"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + stop, err
     assert _ours(short_tmp) == []
     assert _ray_processes(short_tmp) == []

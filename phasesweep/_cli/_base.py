@@ -4,6 +4,7 @@ argument and the one-line messages about damaged store files."""
 from __future__ import annotations
 
 import argparse
+import signal
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -12,7 +13,15 @@ from phasesweep._cli._args import store_uri
 if TYPE_CHECKING:
     from phasesweep._api import Damage, Store
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNEXPECTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_UNEXPECTED = 0, 1, 2, 3
+
+
+def interrupted_status(interrupt: KeyboardInterrupt) -> int:
+    """The exit status of a command that ``interrupt`` ended: 128 + the number of the
+    signal behind it, as a shell reports a process the signal killed: 130 for Ctrl-C
+    (Python's own ``KeyboardInterrupt`` too), 143 for SIGTERM (the API's ``Interrupted``
+    carries its ``signum``, ``pipeline.run._signals``)."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
 
 
 class Command:

@@ -6,7 +6,8 @@ after retries, or problems in the store (``verify``; damaged files under ``statu
 ``query``); 2 invalid spec, arguments, SQL or store, or an unknown sweep — one
 line that names the key and the value, and nothing is written to the store;
 3 an unexpected error (a bug or the environment: one line, ``--debug`` shows the
-traceback); 130 interrupted.
+traceback); 130 interrupted by Ctrl-C, 143 by SIGTERM (128 + the signal: a launch
+checkpoints its running chunks first, :mod:`pipeline.run._signals`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from phasesweep import _api
 from phasesweep._cli._analysis import Analyze, Plot, Report
 from phasesweep._cli._base import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_UNEXPECTED,
     Command,
     SqlError,
     damage_line,
+    interrupted_status,
     paragraph,
 )
 from phasesweep._cli._gallery import Gallery
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  phasesweep SUBCOMMAND --help\n\n"
         "exit codes: 0 done; 1 some points failed after retries, or problems in the store "
         "(verify; damaged files under status or query); 2 invalid spec, "
-        "arguments, SQL or store; 3 unexpected error; 130 interrupted",
+        "arguments, SQL or store; 3 unexpected error; 130 interrupted (Ctrl-C); 143 stopped "
+        "by SIGTERM",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -124,10 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `phasesweep query ... | head`
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         _traceback(args)
         print("phasesweep: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupted_status(e)
     except Exception as e:
         _traceback(args)
         if isinstance(e, (*_api.input_errors(), SqlError)):

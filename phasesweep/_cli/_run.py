@@ -4,6 +4,7 @@ plan only)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,10 +13,10 @@ from phasesweep import _api
 from phasesweep._cli._args import address, bounded
 from phasesweep._cli._base import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     Command,
     add_store,
+    interrupted_status,
     open_store,
 )
 from phasesweep._format import counted
@@ -107,9 +108,9 @@ class Run(Command):
     def take_action(self, args: argparse.Namespace) -> int:
         try:
             return _launch(args)
-        except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        except KeyboardInterrupt as e:  # a second stop signal, or one before training
             print("phasesweep: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return interrupted_status(e)
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -151,12 +152,13 @@ def _launch(args: argparse.Namespace) -> int:
     for err in dict.fromkeys(outcome.errors):
         print(f"  failure: {err}", file=sys.stderr)
     if outcome.interrupted:
+        by = outcome.interrupted_by or signal.SIGINT
         print(
-            f"sweep {name}: interrupted; finished work is stored, running chunks are "
-            "checkpointed: run the same command again to go on",
+            f"sweep {name}: interrupted ({by.name}); finished work is stored, running "
+            "chunks are checkpointed: run the same command again to go on",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return 128 + by
     return EXIT_FAILED if outcome.failed else EXIT_OK
 
 

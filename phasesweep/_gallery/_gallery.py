@@ -211,13 +211,15 @@ def reproduce(
     progress: bool = True,
 ) -> tuple[Evaluation, list[Path]]:
     """Train what the store lacks of the result's sweep, analyze it, check, draw and
-    :func:`record` it."""
+    :func:`record` it. A launch that Ctrl-C or SIGTERM stopped raises
+    :class:`~pipeline.run._signals.Interrupted`: nothing is checked or recorded of a
+    sweep left partly trained."""
     from phasesweep.pipeline.run._launch import execute, plan_sweep
 
     from phasesweep import analysis
 
     planned = plan_sweep(result.spec_path, store, overrides=result.overrides(full), address=address)
-    execute(planned, address=address, progress=progress)
+    execute(planned, address=address, progress=progress).raise_if_interrupted()
     analysis.analyze(store, planned.spec.name)
     evaluation = evaluate(result, store, planned.spec.name)
     paths = draw(evaluation, out)

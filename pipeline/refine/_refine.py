@@ -377,7 +377,8 @@ def _train(
     p: Refinement, points: Sequence[Point], address: str | None, use_ray: bool
 ) -> tuple[int, int]:
     """Train the points the store lacks as one ensemble chunk per tensor shape; returns
-    (points trained, points failed)."""
+    (points trained, points failed). A batch on Ray that Ctrl-C or SIGTERM stopped raises
+    :class:`~pipeline.run._signals.Interrupted` once its trials have checkpointed."""
     from phasesweep.pipeline.run._driver import run_chunks
     from phasesweep.pipeline.run._trial import train_and_store
 
@@ -385,11 +386,14 @@ def _train(
     todo = [pt for pt in points if pt.run_id not in done]
     if not todo:
         return 0, 0
-    chunks = make_chunks(todo, validate_spec({**p.parent_raw, "name": p.child}), min_chunks=1)
+    spec = validate_spec({**p.parent_raw, "name": p.child})
+    chunks = make_chunks(todo, spec, min_chunks=1)
     if use_ray:
         out = run_chunks(
-            p.store, p.child, chunks, total=len(todo), skipped=0, address=address, progress=False
-        )
+            p.store, p.child, chunks, total=len(todo), skipped=0, address=address,
+            progress=False, commit_every=spec.execution.commit_every_seconds,
+        )  # fmt: skip
+        out.raise_if_interrupted()  # the batch's trials checkpointed: the refine ends here
         return len(todo), len(out.failed)
     for c in chunks:
         train_and_store(p.store.uri, p.child, c, "cpu")

@@ -15,9 +15,10 @@ those whose holder died or stopped. A kill loses at most
 ``execution.commit_every_seconds`` of a chunk: a relaunch packs the same chunks (chunks
 of the whole grid, less stored points) and so finds their checkpoints.
 
-SIGINT (Ctrl-C): the launch sets its stop marker; its trials checkpoint, end and
-mark nothing failed; never-started trials end at once; the launch reports itself
-interrupted (exit 130). A second SIGINT stops at once.
+SIGINT (Ctrl-C) or SIGTERM (:mod:`pipeline.run._signals`): the launch sets its stop
+marker; its trials checkpoint, end and mark nothing failed; never-started trials end at
+once; the launch reports itself interrupted (exit 130, or 143 for SIGTERM). A second
+signal stops at once.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +43,9 @@ from phasesweep.pipeline.grid import Chunk, Grid, Point, group_tag
 from phasesweep.pipeline.run._auth import private_folder
 from phasesweep.pipeline.run._plan import ChunkTask, expand_task
 from phasesweep.pipeline.run._progress import Progress
-from phasesweep.pipeline.run._ray import connect
+from phasesweep.pipeline.run._ray import connect, embedded_processes, remove_embedded
+from phasesweep.pipeline.run._signals import Interrupted, on_stop_signals
+from phasesweep.pipeline.run._standing import alive
 from phasesweep.pipeline.run._trial import chunk_trial, encode_chunks, stored_reads
 from phasesweep.pipeline.train._runs import runs_table
 from phasesweep.storage import Store
@@ -61,8 +65,18 @@ class SweepOutcome:
     errors: list[str] = field(default_factory=list)
     #: points whose training went on from a checkpoint of an earlier, killed attempt.
     resumed: int = 0
-    #: the launch was stopped by SIGINT (finished work kept, nothing marked failed).
+    #: the launch was stopped by SIGINT or SIGTERM (finished work kept, running chunks
+    #: checkpointed, nothing marked failed).
     interrupted: bool = False
+    #: which of the two stopped it (None while not interrupted).
+    interrupted_by: signal.Signals | None = None
+
+    def raise_if_interrupted(self) -> None:
+        """Raise :class:`~pipeline.run._signals.Interrupted` if a stop signal stopped the
+        launch: for callers that would go on to more work (a refine's next batch, the
+        gallery's analysis of a sweep left partly trained), which must stop there too."""
+        if self.interrupted:
+            raise Interrupted(self.interrupted_by or signal.SIGINT)
 
 
 def failed_runs_table(points: Sequence[Point], chunk_id: str, error: str) -> pa.Table:
@@ -225,8 +239,9 @@ def run_chunks(
     retries are stored with status ``failed`` (a relaunch trains them again). Points
     another launch is training (live claims) are waited for: when their holder commits
     they count as done, when it dies or stops they are trained here. SIGINT (Ctrl-C)
-    stops the launch: trials checkpoint and end, nothing is marked failed,
-    ``outcome.interrupted`` is set; a second SIGINT raises ``KeyboardInterrupt`` at once.
+    or SIGTERM stops the launch: trials checkpoint and end, nothing is marked failed,
+    ``outcome.interrupted`` and ``outcome.interrupted_by`` are set; a second signal
+    raises :class:`~pipeline.run._signals.Interrupted` (a ``KeyboardInterrupt``) at once.
     """
     outcome = SweepOutcome(total=total, skipped=skipped)
     if not chunks:
@@ -241,17 +256,22 @@ def run_chunks(
     work = _Chunks(chunks, grid, planned_at)
     bar = Progress(sweep, [work.size(i) for i in range(len(work))], skipped, total, progress)
 
-    def on_sigint(signum, frame) -> None:  # noqa: ANN001
-        if outcome.interrupted:
-            raise KeyboardInterrupt
-        outcome.interrupted = True
-        stop.set()
+    def on_stop(signum: signal.Signals) -> None:
+        stop.set()  # first: _end_if_ray_stops acts once interrupted_by is set, and clears it
+        outcome.interrupted, outcome.interrupted_by = True, signum
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
+    def wind_up() -> None:
+        stop.clear()
+        bar.close()
+
     pending = list(range(len(work)))
     try:
-        with launch_folder() as folder, _light_tune(cpus_per_trial, gpus_per_trial):
+        with (
+            on_stop_signals(on_stop),
+            _end_if_ray_stops(outcome, wind_up),
+            launch_folder() as folder,
+            _light_tune(cpus_per_trial, gpus_per_trial),
+        ):
             while pending and not outcome.interrupted:
                 errors, busy, clean = _fit(
                     store, sweep, work, pending, folder, bar, outcome,
@@ -286,11 +306,54 @@ def run_chunks(
                     rerun.append(i)
                 pending = _wait_for_others(store, sweep, work, rerun, bar, outcome)
     finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, previous)
-        stop.clear()
-        bar.close()
+        wind_up()
     return outcome
+
+
+#: Seconds between a stopped launch's looks at whether its embedded Ray still runs.
+RAY_WATCH = 0.2
+
+
+@contextlib.contextmanager
+def _end_if_ray_stops(outcome: SweepOutcome, wind_up: Callable[[], None]) -> Iterator[None]:
+    """While the block runs: once a stop signal has stopped the launch, if a process of
+    its embedded Ray ends too (the signal reached them: sent to the whole process group,
+    or by a batch scheduler to every process of the job), end the launch at once. Its
+    trials are gone with Ray, and Ray's client would block the launch for a minute,
+    waiting for its head, then abort it with the stop marker and Ray's folder left
+    behind. Instead ``wind_up()`` runs, what is left of Ray is ended and its folder
+    removed, one line says so, and the process exits (``os._exit``: 128 + the signal's
+    number) as a kill would, keeping the chunks' last checkpoints. Nothing where the
+    launch runs on a standing Ray or a cluster, whose processes are not the launch's."""
+    ray_pids = embedded_processes()
+    if not ray_pids:
+        yield
+        return
+    ended = threading.Event()
+
+    def watch() -> None:
+        while not ended.wait(RAY_WATCH):
+            signum = outcome.interrupted_by
+            if signum is None or all(map(alive, ray_pids)):
+                continue
+            wind_up()
+            remove_embedded()
+            print(
+                f"phasesweep: interrupted ({signum.name}), which stopped the embedded Ray "
+                "too: running chunks keep their last checkpoints; run the same command "
+                "again to go on",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(128 + signum)
+
+    thread = threading.Thread(target=watch, name="phasesweep-ray-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        thread.join()
 
 
 def _fit(

@@ -31,6 +31,7 @@ from typing import Any
 
 from phasesweep.pipeline.run import _auth
 from phasesweep.pipeline.run import _standing as standing
+from phasesweep.pipeline.run._signals import Interrupted, on_stop_signals, raise_interrupted
 from phasesweep.pipeline.spec import SpecError
 
 #: The private folder of the embedded Ray this process started (removed when it stops).
@@ -91,7 +92,9 @@ def connect(address: str | None) -> None:
     Otherwise join that cluster with the token settings of the environment; an
     unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
-    variables as the Ray it starts or joins needs them.
+    variables as the Ray it starts or joins needs them. Afterwards the process takes
+    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where
+    Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
     if "ray" in sys.modules:
         import ray
@@ -132,14 +135,19 @@ def connect(address: str | None) -> None:
         atexit.unregister(_exit_hook)
         atexit.register(_exit_hook)
     try:
-        with _quiet_token_refusal(bool(target)), _ctrl_c_after():
+        with _quiet_token_refusal(bool(target)), _stop_signals_after():
             ray.init(address=target or "local", **kwargs)
     except BaseException as e:
-        disconnect()  # a Ctrl-C held till Ray was up (_ctrl_c_after) finds it started
+        disconnect()  # a Ctrl-C held till Ray was up (_stop_signals_after) finds it started
         joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
         if target and isinstance(e, joining):
             raise SpecError("--address", target, _join_failure(e), "argument") from None
+        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # Ray's handler, below
+            raise Interrupted(signal.SIGTERM) from None
         raise
+    # Ray's init made SIGTERM call sys.exit(15); this process takes it as Ctrl-C instead
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_interrupted)
     if _auth.joined_without_token():
         if address == STANDING:
             why = "it was started with RAY_AUTH_MODE=disabled"
@@ -209,35 +217,36 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ctrl_c_after() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after it, to the
-    handler there was before; a second one raises ``KeyboardInterrupt`` at once. Ray's
-    start-up forks, and a ``KeyboardInterrupt`` raised in an at-fork callback (logging's
-    lock release) is printed and lost: the launch would go on as if never interrupted.
-    Only in the main thread (the only one Python runs signal handlers in)."""
-    if threading.current_thread() is not threading.main_thread():
+def _stop_signals_after() -> Iterator[None]:
+    """Hold a stop signal (Ctrl-C or SIGTERM, :mod:`pipeline.run._signals`) that comes
+    during the block and deliver it after it, to the handler there was before; a second
+    one raises :class:`Interrupted` at once. Ray's start-up forks, and a
+    ``KeyboardInterrupt`` raised in an at-fork callback (logging's lock release) is
+    printed and lost: the launch would go on as if never interrupted. (Ray's init sets
+    its own SIGTERM handler while it runs: a SIGTERM then is its ``sys.exit(15)``, which
+    :func:`connect` turns into :class:`Interrupted`.)"""
+    held: list[signal.Signals] = []
+    with on_stop_signals(held.append):
         yield
+    if not held:
         return
-    held: list[int] = []
-
-    def hold(signum: int, frame: object) -> None:
-        if held:
-            raise KeyboardInterrupt
-        held.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    (signum,) = held
+    handler = signal.getsignal(signum)
     # called here, not re-sent: Ray's start-up may leave SIGINT blocked in this thread
-    if held and callable(previous):
-        previous(signal.SIGINT, None)
-    elif held and previous == signal.SIG_DFL:
-        raise KeyboardInterrupt
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        raise Interrupted(signum)
 
 
-def _remove_embedded() -> None:
+def embedded_processes() -> list[int]:
+    """Pids of the processes this process started for its embedded Ray (its head, node,
+    monitors: children running from the private folder; not its workers, which come and
+    go); none where it started none."""
+    return standing.running_from(_embedded[-1], parent=os.getpid()) if _embedded else []
+
+
+def remove_embedded() -> None:
     """Remove the private folder of the embedded Ray, after ending any process still
     running from it (Ray's agents outlive a start-up that was interrupted, and some a
     shutdown, by up to a minute, and would write into the folder again)."""
@@ -264,4 +273,4 @@ def disconnect() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-    _remove_embedded()
+    remove_embedded()

@@ -269,29 +269,56 @@ def stop() -> bool:
 def session_pids(leader: int) -> list[int]:
     """Pids of the live processes (not zombies) of the session ``leader`` leads."""
     pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = _stat(proc)
             if int(fields[3]) == leader and fields[0] != "Z":  # field 6: the session id
-                pids.append(int(stat.parent.name))
+                pids.append(int(proc.name))
         except (OSError, ValueError, IndexError):
             continue
     return pids
 
 
-def kill_running_from(folder: str) -> None:
-    """SIGKILL the processes whose command line names ``folder`` (a private ``mkdtemp``
-    folder: only the Ray started in it runs from it), this one excepted: Ray's agents
-    outlive an interrupted start-up, and some a shutdown, by up to a minute, and would
-    write into the folder after it was removed. Linux (``/proc``); elsewhere nothing."""
+def running_from(folder: str, parent: int | None = None) -> list[int]:
+    """Pids of the live processes (not zombies) but this one whose command line names
+    ``folder`` (a private ``mkdtemp`` folder: only the Ray started in it runs from it),
+    only the children of ``parent`` if given. Linux (``/proc``); elsewhere none."""
     me, mark = os.getpid(), os.fsencode(folder)
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            pid = int(cmdline.parent.name)
-            if pid != me and mark in cmdline.read_bytes():
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            continue  # gone meanwhile, or not ours to read or kill
+            pid = int(proc.name)
+            if pid == me or mark not in (proc / "cmdline").read_bytes():
+                continue
+            state, ppid = _stat(proc)[:2]
+            if state != "Z" and parent in (None, int(ppid)):
+                pids.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (it exists and is no zombie). Linux (``/proc``)."""
+    try:
+        return _stat(Path(f"/proc/{pid}"))[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stat(proc: Path) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the program's name: its state (``Z``: a
+    zombie), parent, process group, session, ..."""
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def kill_running_from(folder: str) -> None:
+    """SIGKILL the processes running from ``folder`` (:func:`running_from`): Ray's agents
+    outlive an interrupted start-up, and some a shutdown, by up to a minute, and would
+    write into the folder after it was removed."""
+    for pid in running_from(folder):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to kill
+            os.kill(pid, signal.SIGKILL)
 
 
 def _kill_session(leader: int) -> None:

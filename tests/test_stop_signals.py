@@ -1,0 +1,146 @@
+"""Stop signals (:mod:`pipeline.run._signals`): the first SIGINT or SIGTERM asks, a second
+ends at once with its number; the exit status is 128 + that number; a refine and the
+gallery stop with the launch a signal stopped instead of going on. The launches
+themselves are stopped for real in ``test_faults``."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+
+import pytest
+import refine_synthetic as syn
+import yaml
+from optuna.trial import TrialState
+from phasesweep.pipeline.run._driver import SweepOutcome
+from phasesweep.pipeline.run._signals import Interrupted, on_stop_signals, raise_interrupted
+from phasesweep.storage import Store
+
+from phasesweep._cli import main
+from phasesweep._cli._base import interrupted_status
+
+PAIRS = [
+    (signal.SIGINT, signal.SIGINT),
+    (signal.SIGINT, signal.SIGTERM),
+    (signal.SIGTERM, signal.SIGINT),
+    (signal.SIGTERM, signal.SIGTERM),
+]
+
+
+@pytest.mark.parametrize("first,second", PAIRS)
+def test_the_first_stop_signal_asks_a_second_ends_at_once_and_the_handlers_come_back(first, second):
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    asked = []
+    with pytest.raises(Interrupted) as ended, on_stop_signals(asked.append):
+        signal.raise_signal(first)
+        assert asked == [first]  # asked, and the block goes on
+        signal.raise_signal(second)
+        pytest.fail("a second signal must end the block")
+    assert asked == [first]
+    assert ended.value.signum == second and interrupted_status(ended.value) == 128 + second
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_exit_status_is_128_plus_the_signal_and_130_for_pythons_own_ctrl_c():
+    assert interrupted_status(KeyboardInterrupt()) == 130
+    assert interrupted_status(Interrupted(signal.SIGINT)) == 130
+    assert interrupted_status(Interrupted(signal.SIGTERM)) == 143
+    assert isinstance(Interrupted(signal.SIGTERM), KeyboardInterrupt)
+
+
+def test_raise_interrupted_is_sigterms_counterpart_of_pythons_ctrl_c_handler():
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        with pytest.raises(Interrupted) as ended:
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ended.value.signum == signal.SIGTERM
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_the_cli_exits_128_plus_the_signal_without_a_traceback(stop, capsys, tmp_path, monkeypatch):
+    from phasesweep import _api
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(stop)
+
+    monkeypatch.setattr(_api, "analyze", stopped)
+    assert main(["analyze", "synth", "--store", str(tmp_path)]) == 128 + stop
+    assert capsys.readouterr().err == "phasesweep: interrupted\n"
+
+
+def _interrupted(total: int, stop: signal.Signals) -> SweepOutcome:
+    outcome = SweepOutcome(total=total, skipped=0)
+    outcome.interrupted, outcome.interrupted_by = True, stop
+    return outcome
+
+
+def test_a_refine_ends_with_the_batch_a_signal_stopped_and_a_resume_goes_on(tmp_path, monkeypatch):
+    """On Ray, batch 2's launch is stopped by SIGTERM: the refine raises it (it went on
+    with the next batch, so Ctrl-C could not stop a refine), batch 1's runs stay done,
+    batch 2's trials fail, and the next refine trains the rest, each run once. Each
+    batch's launch checkpoints as the sweep's spec says (it used 300 s whatever the spec)."""
+    import phasesweep.pipeline.run._driver as driver
+    from phasesweep.pipeline.refine._refine import child_name, plan_refinement, refine
+    from phasesweep.pipeline.run._trial import train_and_store
+
+    store = Store.open(str(tmp_path / "store"))
+    syn.make_parent(store)
+    store.write_spec(
+        "synth", yaml.safe_dump({**syn.PARENT, "execution": {"commit_every_seconds": 7}})
+    )
+    log = str(tmp_path / "trained.log")
+    launches = []
+
+    def run_chunks(store, sweep, chunks, *, total, commit_every, **kwargs):
+        launches.append(commit_every)
+        if len(launches) == 2:
+            return _interrupted(total, signal.SIGTERM)
+        for c in chunks:
+            train_and_store(store.uri, sweep, c, "cpu")
+        return SweepOutcome(total=total, skipped=0, trained=total)
+
+    monkeypatch.setattr(driver, "run_chunks", run_chunks)
+    real = syn.install(log)
+    try:
+        with pytest.raises(Interrupted) as ended:
+            refine(
+                store.uri, "synth", "final_train_loss", syn.LEVEL, tol=syn.TOL, log=lambda m: None
+            )
+    finally:
+        import phasesweep.pipeline.train._trainer as trainer
+
+        trainer.train_chunk = real
+    assert ended.value.signum == signal.SIGTERM
+    assert launches == [7, 7]
+    child = child_name("synth", "final_train_loss")
+    assert len(store.done_run_ids(child)) == 4  # batch 1: two lines x two seeds
+    p = plan_refinement(store, "synth", "final_train_loss", syn.LEVEL)
+    with p.study() as (study, *_):
+        states = Counter(t.state for t in study.get_trials())
+    assert states == {TrialState.COMPLETE: 2, TrialState.FAIL: 2}
+
+    assert syn.run(store.uri, log).trained == 12
+    trained = syn.trained(log)
+    assert len(trained) == len(set(trained)) == 16
+
+
+def test_the_gallery_checks_nothing_of_a_sweep_a_signal_left_partly_trained(tmp_path, monkeypatch):
+    """The launch of a result's sweep is stopped: ``reproduce`` raises the signal before
+    analyzing (it went on to check and record the partial sweep, then the next result)."""
+    import phasesweep.pipeline.run._launch as launch
+
+    from phasesweep._gallery import RESULTS
+    from phasesweep._gallery._gallery import reproduce
+
+    monkeypatch.setattr(
+        launch, "execute", lambda plan, **kw: _interrupted(plan.total, signal.SIGINT)
+    )
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # planning counts this machine's CPUs
+    store = Store.open(str(tmp_path / "store"))
+    with pytest.raises(Interrupted) as ended:
+        reproduce(next(iter(RESULTS.values())), store, tmp_path / "figures")
+    assert ended.value.signum == signal.SIGINT
+    assert not list((tmp_path / "store").rglob("*.parquet"))
+    assert not (tmp_path / "figures").exists()
