@@ -270,7 +270,7 @@ def _two_chunks_mid_training(tmp_path, tiny_spec, phasesweep_cli, short_tmp):
     "stop,to_group",
     [
         (signal.SIGINT, True),  # Ctrl-C, as a terminal sends it: to the whole process group
-        (signal.SIGTERM, False),  # kill PID, timeout, Kubernetes: to the launch alone
+        (signal.SIGTERM, False),  # kill PID, timeout --foreground, Kubernetes: the launch alone
     ],
     ids=["ctrl-c", "sigterm"],
 )

@@ -145,7 +145,8 @@ def connect(address: str | None) -> None:
         if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # Ray's handler, below
             raise Interrupted(signal.SIGTERM) from None
         raise
-    # Ray's init made SIGTERM call sys.exit(15); this process takes it as Ctrl-C instead
+    # Ray's init set SIGTERM to sys.exit(15) and the block put back the handler before it:
+    # from now on this process takes SIGTERM as it takes Ctrl-C
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupted)
     if _auth.joined_without_token():
