@@ -448,7 +448,8 @@ def gallery(
     what the store lacks of each one's sweep (default size, or the paper's range with
     ``full``), analyze it, check the paper's claim, draw figure, caption and SQL into ``out``
     (default ``STORE/figures/gallery``). Returns each result's ``Evaluation`` (``passed``,
-    ``checks``, ``caption``) with its files. An unknown name is a :class:`SpecError`."""
+    ``checks``, ``caption``, ``missing_points``: grid points not done, failed after retries,
+    which make it INCOMPLETE) with its files. An unknown name is a :class:`SpecError`."""
     from phasesweep._gallery import reproduce_all
 
     opened = open_store(store, must_exist=False)

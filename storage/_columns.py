@@ -346,4 +346,12 @@ GALLERY_CHECKS_COLUMNS: tuple[Column, ...] = (
         "UTC timestamp",
         "no run recorded a finish time",
     ),
+    Column(
+        "source_missing_points",
+        I64,
+        "grid points of the sweep not done when the check ran (failed after retries, or not "
+        "yet trained): the checks read the rest, and the result is INCOMPLETE",
+        "count",
+        "checked before this column existed",
+    ),
 )

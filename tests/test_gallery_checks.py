@@ -1,9 +1,11 @@
 """The gallery's checks in the store (``gallery_checks``) and in the HTML report: each check
 stored with the state of the runs it read, replaced when its result is checked again, and
-shown by ``phasesweep report`` as PASS, FAIL or, once the sweep's runs changed, STALE."""
+shown by ``phasesweep report`` as PASS, FAIL, INCOMPLETE (it read a sweep with grid points
+not done) or, once the sweep's runs changed, STALE."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
@@ -46,11 +48,15 @@ def _toy(name: str = "toy") -> Result:
     )
 
 
-def _chunk(init_scales: list[float], name: str, finished: datetime) -> dict[str, pa.Table]:
+def _chunk(
+    init_scales: list[float], name: str, finished: datetime, fail_first: bool = False
+) -> dict[str, pa.Table]:
     """A chunk of :func:`calibration.synthetic_sweep` whose run ids start with ``name``
     (distinct from another chunk's) and whose runs finished at ``finished``, a second
-    apart."""
-    tables = synthetic_sweep(init_scales, GRID["width"], GRID["depth"], GRID["seed"], steps=10**6)
+    apart; ``fail_first``: its first run failed after retries."""
+    tables = synthetic_sweep(
+        init_scales, GRID["width"], GRID["depth"], GRID["seed"], steps=10**6, fail_first=fail_first
+    )
     for key, table in tables.items():
         ids = pa.array([name + r for r in table["run_id"].to_pylist()], pa.string())
         tables[key] = table.set_column(table.schema.get_field_index("run_id"), "run_id", ids)
@@ -186,3 +192,60 @@ def test_a_check_without_a_drawn_figure_says_so(store, tmp_path, missing):
     con.close()
     expected = "not drawn" if missing is None else "gone.png (not found)"
     assert [(r["figure"], r["href"]) for r in rows] == [(expected, None)] * 2
+
+
+def test_a_result_read_from_a_sweep_with_points_not_done_is_incomplete(tmp_path):
+    """Of a grid of 5 points, 3 are stored done, 1 failed after retries and 1 was never
+    trained: the evaluation does not pass though its checks are stamped as they are, the
+    caption and the report say INCOMPLETE with the command that trains the rest, and once
+    both are trained and the result checked again it is complete."""
+    from phasesweep._gallery import RESULTS
+
+    store = Store.open(str(tmp_path / "store"))
+    grid = {**GRID, "init_scale": [1e-2, 3e-2, 1e-1, 3e-1, 1.0]}
+    store.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": grid}))
+    store.write_chunk(
+        SWEEP, "c0", _chunk(GRID["init_scale"], "a", datetime(2026, 1, 1, tzinfo=timezone.utc))
+    )
+    later = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    store.write_chunk(SWEEP, "c1", _chunk([3e-2], "b", later, fail_first=True))
+
+    only_passing = dataclasses.replace(_toy(), measure=lambda frame: [PASSING])
+    evaluation = evaluate(only_passing, store, SWEEP)
+    assert (evaluation.grid_points, evaluation.missing_points) == (5, 2)
+    assert [c.passed for c in evaluation.checks] == [True] and not evaluation.passed
+    assert evaluation.caption.startswith("INCOMPLETE — seed 003")
+    assert "2 of the sweep's 5 grid points are not done" in evaluation.caption
+    assert "running its sweep again trains them" in evaluation.caption  # not a gallery sweep
+    record(evaluation, store)
+    page = report(store, SWEEP, tmp_path / "incomplete")
+    assert [row[5] for row in _gallery_table(page).rows[1:]] == ["INCOMPLETE"]
+    assert re.search(
+        r"0 of\s+1 pass; 1 are incomplete .*: <code>phasesweep gallery toy</code> trains",
+        page.read_text(encoding="utf-8"),
+        re.S,
+    )
+
+    # a gallery sweep's caption names the command that trains what is missing
+    gallery = RESULTS["lazy_training"]
+    for full, command in ((False, "phasesweep gallery lazy_training`"), (True, "--full`")):
+        named = dataclasses.replace(evaluation, result=gallery, sweep=gallery.sweep_name(full))
+        assert command in named.caption and not named.passed
+
+    # the failed run trained again and the missing one trained: complete, and passes
+    store.write_chunk(SWEEP, "c2", _chunk([3e-2], "b", later + timedelta(days=1)))
+    store.write_chunk(SWEEP, "c3", _chunk([3e-1], "c", later + timedelta(days=1)))
+    assert [row[5] for row in _gallery_table(report(store, SWEEP, tmp_path / "s")).rows[1:]] == [
+        "STALE"
+    ]
+    again = evaluate(only_passing, store, SWEEP)
+    assert (again.grid_points, again.missing_points) == (5, 0) and again.passed
+    assert again.caption.startswith("PASS") and "Incomplete" not in again.caption
+    record(again, store)
+    con = open_catalog(store)
+    stored = con.execute("SELECT source_missing_points FROM gallery_checks").fetchall()
+    con.close()
+    assert stored == [(0,)]
+    assert [row[5] for row in _gallery_table(report(store, SWEEP, tmp_path / "c")).rows[1:]] == [
+        "PASS"
+    ]

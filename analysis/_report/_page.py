@@ -42,7 +42,7 @@ figcaption { color: #555; font-size: 0.9em; }
 dl.prov { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
 dl.prov dt { color: #555; } dl.prov dd { margin: 0; }
 td.pass { color: #1a7f37; } td.fail { color: #cf222e; font-weight: bold; }
-td.stale { color: #9a6700; }
+td.stale, td.incomplete { color: #9a6700; }
 """
 
 #: The page. Every value is escaped (autoescape) unless it is ``Markup``.

@@ -51,7 +51,8 @@ class Gallery(Command):
         )
 
     def take_action(self, args: argparse.Namespace) -> int:
-        """Exit 0 when every check of every result passes, 1 when one fails."""
+        """Exit 0 when every check of every result passes, 1 when one fails or a result's
+        sweep has grid points not done (failed after retries: its checks read part of it)."""
         if args.list or args.show_sql:
             for name, (line, sql) in _api.gallery_entries(args.names, full=args.full).items():
                 print(line if args.list else f"-- {name}\n{sql};\n")

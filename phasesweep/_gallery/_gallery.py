@@ -102,19 +102,44 @@ class Evaluation:
     checks: list[Check]
     source_runs: int
     source_finished_at: datetime | None
+    #: grid points of the sweep (its stored spec's; None without one) and how many of them
+    #: were not done when it was read: failed after retries, or not yet trained
+    grid_points: int | None = None
+    missing_points: int = 0
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        """Every check passed, on the whole grid: a result read from a sweep with points
+        missing is not reproduced, whatever its checks say of the rest."""
+        return not self.missing_points and bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def incomplete(self) -> str:
+        """Why the checks read only part of the sweep's grid, and what trains the rest;
+        "" when they read all of it."""
+        if not self.missing_points:
+            return ""
+        retry = "running its sweep again trains them"
+        for full in (False, True):
+            if self.sweep == self.result.sweep_name(full):
+                command = f"phasesweep gallery {self.result.name}{' --full' if full else ''}"
+                retry = f"`{command}` trains them and checks again"
+        return (
+            f"Incomplete: {self.missing_points} of the sweep's {self.grid_points} grid points "
+            f"are not done (failed after retries, or not yet trained), so the checks read "
+            f"part of the grid; {retry}."
+        )
 
     @property
     def caption(self) -> str:
-        return self.result.caption(self.checks)
+        return self.result.caption(self.checks, self.incomplete)
 
 
 def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluation:
     """Read ``result``'s numbers from ``sweep`` (default: its default-size sweep) with its
-    SQL and check them. Nothing is written."""
+    SQL and check them, and count the sweep's grid points that are not done
+    (``missing_points``). Nothing is written."""
+    from phasesweep.pipeline.run._launch import sweep_status
     from phasesweep.storage import open_catalog
 
     sweep = sweep or result.sweep_name()
@@ -134,7 +159,11 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
             what="argument",
         )
     checks = result.measure(frame)
-    return Evaluation(result, sweep, frame, checks, source_runs, source_finished_at)
+    status = sweep_status(store, sweep)
+    missing = 0 if status.total is None else max(status.total - status.done, 0)
+    return Evaluation(
+        result, sweep, frame, checks, source_runs, source_finished_at, status.total, missing
+    )
 
 
 def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
@@ -193,6 +222,7 @@ def record(evaluation: Evaluation, store: Store, figure: Path | None = None) -> 
             "evaluated_at": [datetime.now(timezone.utc)] * len(checks),
             "source_runs": [evaluation.source_runs] * len(checks),
             "source_finished_at": [evaluation.source_finished_at] * len(checks),
+            "source_missing_points": [evaluation.missing_points] * len(checks),
         },
         len(checks),
     )

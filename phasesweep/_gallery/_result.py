@@ -79,13 +79,16 @@ class Result:
         """The SQL that reads this result's numbers from ``sweep``."""
         return self.sql.format(sweep="'" + sweep.replace("'", "''") + "'")
 
-    def caption(self, checks: list[Check]) -> str:
+    def caption(self, checks: list[Check], incomplete: str = "") -> str:
         """The figure's caption: the paper, the claim, the conditions, each check and the
-        verdict, and the caveat."""
+        verdict, and the caveat. ``incomplete``: why the checks read only part of the grid
+        (the verdict is then INCOMPLETE, and the reason follows the conditions)."""
         verdict = "PASS" if checks and all(c.passed for c in checks) else "FAIL"
         lines = [
-            f"{verdict} — seed {self.seed}: {self.paper}, {self.reproduces}.",
+            f"{'INCOMPLETE' if incomplete else verdict} — seed {self.seed}: {self.paper}, "
+            f"{self.reproduces}.",
             f"Conditions: {self.conditions}.",
+            *([incomplete] if incomplete else []),
             *(c.line() for c in checks),
         ]
         if self.caveat:
