@@ -58,6 +58,40 @@ def test_raise_interrupted_is_sigterms_counterpart_of_pythons_ctrl_c_handler():
     assert ended.value.signum == signal.SIGTERM
 
 
+def test_ray_sets_no_sigterm_handler_while_it_starts_so_a_sigterm_then_is_held():
+    """Ray's init sets SIGTERM to its ``sys.exit(15)`` (and its node's start to a handler
+    of its own), through one setter: a SIGTERM during the start-up was Ray's to take, and
+    a ``SystemExit`` raised in an at-fork callback is lost (a launch SIGTERMed then
+    trained its sweep and exited 0). While the start-up block runs the setter sets
+    nothing: the signal is held and ends the start-up after it."""
+    import inspect
+
+    import ray._private.node as ray_node
+    import ray._private.utils as ray_utils
+    import ray._private.worker as ray_worker
+    from phasesweep.pipeline.run._ray import _stop_signals_after
+
+    for sets_a_handler in (ray_worker.init, ray_node.Node._register_shutdown_hooks):
+        assert "ray._private.utils.set_sigterm_handler(" in inspect.getsource(sets_a_handler)
+    setter = ray_utils.set_sigterm_handler
+
+    def rays_handler(signum, frame):
+        raise SystemExit(signum)
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(Interrupted) as ended, _stop_signals_after():
+            ray_utils.set_sigterm_handler(rays_handler)  # as Ray's init does
+            assert signal.getsignal(signal.SIGTERM) is not rays_handler
+            signal.raise_signal(signal.SIGTERM)  # held: the block goes on
+            started = True
+        assert started and ended.value.signum == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ray_utils.set_sigterm_handler is setter
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_the_cli_exits_128_plus_the_signal_without_a_traceback(stop, capsys, tmp_path, monkeypatch):
     from phasesweep import _api

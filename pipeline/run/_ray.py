@@ -92,9 +92,10 @@ def connect(address: str | None) -> None:
     Otherwise join that cluster with the token settings of the environment; an
     unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
-    variables as the Ray it starts or joins needs them. Afterwards the process takes
-    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where
-    Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
+    variables as the Ray it starts or joins needs them. A stop signal during Ray's
+    start-up ends it (:func:`_stop_signals_after`). Afterwards the process takes SIGTERM
+    as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where Ray's
+    init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
     if "ray" in sys.modules:
         import ray
@@ -138,14 +139,11 @@ def connect(address: str | None) -> None:
         with _quiet_token_refusal(bool(target)), _stop_signals_after():
             ray.init(address=target or "local", **kwargs)
     except BaseException as e:
-        disconnect()  # a Ctrl-C held till Ray was up (_stop_signals_after) finds it started
+        disconnect()  # a stop held till Ray was up (_stop_signals_after) finds it started
         joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
         if target and isinstance(e, joining):
             raise SpecError("--address", target, _join_failure(e), "argument") from None
-        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # Ray's handler, below
-            raise Interrupted(signal.SIGTERM) from None
         raise
-    # Ray's init set SIGTERM to sys.exit(15) and the block put back the handler before it:
     # from now on this process takes SIGTERM as it takes Ctrl-C
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupted)
@@ -221,14 +219,26 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
 def _stop_signals_after() -> Iterator[None]:
     """Hold a stop signal (Ctrl-C or SIGTERM, :mod:`pipeline.run._signals`) that comes
     during the block and deliver it after it, to the handler there was before; a second
-    one raises :class:`Interrupted` at once. Ray's start-up forks, and a
-    ``KeyboardInterrupt`` raised in an at-fork callback (logging's lock release) is
-    printed and lost: the launch would go on as if never interrupted. (Ray's init sets
-    its own SIGTERM handler while it runs: a SIGTERM then is its ``sys.exit(15)``, which
-    :func:`connect` turns into :class:`Interrupted`.)"""
+    one raises :class:`Interrupted` at once. Ray's start-up forks, and an exception
+    raised in an at-fork callback (logging's lock release) is printed and lost: the
+    launch would go on as if never interrupted.
+
+    Ray's init would set SIGTERM's handler to its own ``sys.exit(15)`` (and, starting a
+    node, to one that kills the node's processes and exits 1), taking SIGTERM from the
+    hold and losing it in that callback as well (seen: a launch SIGTERMed at start-up
+    trained its whole sweep and exited 0). So while the block runs Ray's one setter of
+    SIGTERM handlers, ``ray._private.utils.set_sigterm_handler``, sets none; the test of
+    this reads Ray's init, so a Ray that sets the handler otherwise fails it."""
+    import ray._private.utils as ray_utils
+
     held: list[signal.Signals] = []
-    with on_stop_signals(held.append):
-        yield
+    setter = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = _left_alone
+    try:
+        with on_stop_signals(held.append):
+            yield
+    finally:
+        ray_utils.set_sigterm_handler = setter
     if not held:
         return
     (signum,) = held
@@ -238,6 +248,10 @@ def _stop_signals_after() -> Iterator[None]:
         handler(signum, None)
     elif handler == signal.SIG_DFL:
         raise Interrupted(signum)
+
+
+def _left_alone(handler: object) -> None:
+    """Ray's SIGTERM handler, not set: the one :func:`_stop_signals_after` holds stays."""
 
 
 def embedded_processes() -> list[int]:
