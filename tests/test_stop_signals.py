@@ -69,7 +69,7 @@ def test_ray_sets_no_sigterm_handler_while_it_starts_so_a_sigterm_then_is_held()
     import ray._private.node as ray_node
     import ray._private.utils as ray_utils
     import ray._private.worker as ray_worker
-    from phasesweep.pipeline.run._ray import _stop_signals_after
+    from phasesweep.pipeline.run._ray import hold_stop_signals
 
     for sets_a_handler in (ray_worker.init, ray_node.Node._register_shutdown_hooks):
         assert "ray._private.utils.set_sigterm_handler(" in inspect.getsource(sets_a_handler)
@@ -80,7 +80,7 @@ def test_ray_sets_no_sigterm_handler_while_it_starts_so_a_sigterm_then_is_held()
 
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        with pytest.raises(Interrupted) as ended, _stop_signals_after():
+        with pytest.raises(Interrupted) as ended, hold_stop_signals():
             ray_utils.set_sigterm_handler(rays_handler)  # as Ray's init does
             assert signal.getsignal(signal.SIGTERM) is not rays_handler
             signal.raise_signal(signal.SIGTERM)  # held: the block goes on

@@ -93,7 +93,7 @@ def connect(address: str | None) -> None:
     unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
     variables as the Ray it starts or joins needs them. A stop signal during Ray's
-    start-up ends it (:func:`_stop_signals_after`). Afterwards the process takes SIGTERM
+    start-up ends it (:func:`hold_stop_signals`). Afterwards the process takes SIGTERM
     as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where Ray's
     init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
@@ -136,10 +136,10 @@ def connect(address: str | None) -> None:
         atexit.unregister(_exit_hook)
         atexit.register(_exit_hook)
     try:
-        with _quiet_token_refusal(bool(target)), _stop_signals_after():
+        with _quiet_token_refusal(bool(target)), hold_stop_signals():
             ray.init(address=target or "local", **kwargs)
     except BaseException as e:
-        disconnect()  # a stop held till Ray was up (_stop_signals_after) finds it started
+        disconnect()  # a stop held till Ray was up (hold_stop_signals) finds it started
         joining = (ConnectionError, ValueError, RuntimeError, TimeoutError, AuthenticationError)
         if target and isinstance(e, joining):
             raise SpecError("--address", target, _join_failure(e), "argument") from None
@@ -216,7 +216,7 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stop_signals_after() -> Iterator[None]:
+def hold_stop_signals() -> Iterator[None]:
     """Hold a stop signal (Ctrl-C or SIGTERM, :mod:`pipeline.run._signals`) that comes
     during the block and deliver it after it, to the handler there was before; a second
     one raises :class:`Interrupted` at once. Ray's start-up forks, and an exception
@@ -251,7 +251,7 @@ def _stop_signals_after() -> Iterator[None]:
 
 
 def _left_alone(handler: object) -> None:
-    """Ray's SIGTERM handler, not set: the one :func:`_stop_signals_after` holds stays."""
+    """Ray's SIGTERM handler, not set: the one :func:`hold_stop_signals` holds stays."""
 
 
 def embedded_processes() -> list[int]:
