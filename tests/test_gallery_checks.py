@@ -249,3 +249,25 @@ def test_a_result_read_from_a_sweep_with_points_not_done_is_incomplete(tmp_path)
     assert [row[5] for row in _gallery_table(report(store, SWEEP, tmp_path / "c")).rows[1:]] == [
         "PASS"
     ]
+
+
+@pytest.mark.parametrize(
+    "sweep,command",
+    [
+        ("gallery_toy", "phasesweep gallery toy</code>"),
+        ("gallery_toy_full", "phasesweep gallery toy --full</code>"),
+        ("mine", "phasesweep gallery toy</code>"),
+    ],
+)
+def test_the_reports_command_checks_a_full_sweep_again_at_its_size(sweep, command):
+    """An INCOMPLETE or STALE result of a ``--full`` sweep is checked again with ``--full``
+    (without it the gallery would train and check the default-size sweep instead)."""
+    from phasesweep.analysis._report._gallery_checks import gallery_section
+
+    from phasesweep._gallery import RESULTS
+
+    assert RESULTS["lazy_training"].sweep_name(full=True) == "gallery_lazy_training_full"
+    row = {"result": "toy", "paper": "", "label": "a", "measured": "", "expected": "", "why": ""}
+    rows = [{**row, "verdict": v, "figure": "", "href": None} for v in ("INCOMPLETE", "STALE")]
+    assert command in gallery_section(rows, sweep)
+    assert "checks again" not in gallery_section([{**rows[0], "verdict": "PASS"}], sweep)

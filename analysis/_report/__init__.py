@@ -79,7 +79,7 @@ def report(
             keys = ["depth", *(c for c in FIT_GROUP_COLUMNS if c in fits and fits[c].notna().any())]
             fit_stats = con.execute(fit_stats_sql(sweep, ctx.cfg, keys)).df()
         refined = boundaries_frame(con, sweep)
-        gallery = gallery_section(gallery_rows(con, sweep, out))
+        gallery = gallery_section(gallery_rows(con, sweep, out), sweep)
         prov = provenance(con, sweep, command, launch)
         spec, spec_text, cfg = ctx.spec, ctx.spec_text, ctx.cfg
     figs = [

@@ -105,15 +105,19 @@ def _figure_link(path: str | None, page_dir: Path) -> tuple[str, str | None]:
     return Path(path).name, quote(Path(relative).as_posix())
 
 
-def gallery_section(rows: list[dict]) -> str:
-    """The section's HTML (escaped by its template) for :func:`gallery_rows`; "" for none."""
+def gallery_section(rows: list[dict], sweep: str) -> str:
+    """The section's HTML (escaped by its template) for :func:`gallery_rows` of ``sweep``;
+    "" for none. The command that checks stale and incomplete results again asks for
+    ``--full`` where ``sweep`` is their ``--full`` sweep (``gallery_NAME_full``, the
+    gallery's name for it)."""
     if not rows:
         return ""
     again = sorted({r["result"] for r in rows if r["verdict"] in ("STALE", "INCOMPLETE")})
+    full = ["--full"] if again and all(sweep == f"gallery_{n}_full" for n in again) else []
     return PAGE_ENV.from_string(_SECTION).render(
         rows=rows,
         passed=sum(r["verdict"] == "PASS" for r in rows),
         incomplete=sum(r["verdict"] == "INCOMPLETE" for r in rows),
         stale=sum(r["verdict"] == "STALE" for r in rows),
-        command=shlex.join(["phasesweep", "gallery", *again]) if again else "",
+        command=shlex.join(["phasesweep", "gallery", *again, *full]) if again else "",
     )
