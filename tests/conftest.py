@@ -261,6 +261,20 @@ def session_state_folder() -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache_folder(tmp_path_factory) -> Iterator[None]:
+    """Torch's compiler cache (``$TORCHINDUCTOR_CACHE_DIR``) in this session's temporary
+    folder, unless the environment names one: the profiler and the flop counter the GPU
+    benchmarks' smoke tests run make it, by default as ``torchinductor_$USER`` in the
+    machine's /tmp, which outlived the run."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
 @pytest.fixture
 def phasesweep_cli() -> Callable[..., subprocess.Popen]:
     """Factory: ``start(args, env_extra=None, **popen_kwargs)`` starts ``python -m
