@@ -139,15 +139,19 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
     """Read ``result``'s numbers from ``sweep`` (default: its default-size sweep) with its
     SQL and check them, and count the sweep's grid points that are not done
     (``missing_points``). Nothing is written."""
-    from phasesweep.pipeline.run._launch import sweep_status
+    from phasesweep.pipeline.grid import grid_size
+    from phasesweep.pipeline.run._launch import stored_spec
     from phasesweep.storage import open_catalog
 
     sweep = sweep or result.sweep_name()
     con = open_catalog(store)
     try:
         frame = con.execute(result.query(sweep)).df()
-        source_runs, source_finished_at = con.execute(
-            "SELECT count(*), max(finished_at) FROM runs WHERE sweep = ?", [sweep]
+        # done as `status` counts it: completed or diverged (a failed run is trained again)
+        source_runs, source_finished_at, done = con.execute(
+            "SELECT count(*), max(finished_at), "
+            "count(*) FILTER (WHERE status IS DISTINCT FROM 'failed') FROM runs WHERE sweep = ?",
+            [sweep],
         ).fetchone()
     finally:
         con.close()
@@ -159,11 +163,10 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
             what="argument",
         )
     checks = result.measure(frame)
-    status = sweep_status(store, sweep)
-    missing = 0 if status.total is None else max(status.total - status.done, 0)
-    return Evaluation(
-        result, sweep, frame, checks, source_runs, source_finished_at, status.total, missing
-    )
+    spec = stored_spec(store, sweep)
+    total = None if spec is None else grid_size(spec)
+    missing = 0 if total is None else max(total - done, 0)
+    return Evaluation(result, sweep, frame, checks, source_runs, source_finished_at, total, missing)
 
 
 def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
