@@ -117,3 +117,33 @@ def test_a_stop_signal_while_ray_starts_leaves_nothing(
     assert proc.returncode == 128 + stop, err
     assert _ours(short_tmp) == []
     assert _ray_processes(short_tmp) == []
+
+
+def test_a_stop_signal_as_the_ray_folder_is_made_is_held_and_the_folder_goes(short_tmp):
+    """The earliest moment of the test above, made certain: SIGTERM the instant the private
+    folder exists (``ray.init`` a stub, so nothing starts). The signal is held through the
+    start-up and the folder removed; had the folder been made before the hold, the default
+    SIGTERM would kill the launch there and leave it."""
+    script = (
+        "import os, signal, ray\n"
+        "from phasesweep.pipeline.run import _auth, _ray\n"
+        "made, real = [], _auth.private_temp_dir\n"
+        "def private_temp_dir():\n"
+        "    made.append(os.path.dirname(real()))\n"
+        "    signal.raise_signal(signal.SIGTERM)\n"
+        "    return os.path.join(made[-1], 'r')\n"
+        "_auth.private_temp_dir = private_temp_dir\n"
+        "ray.init = lambda **kwargs: print('started', flush=True)\n"
+        "try:\n"
+        "    _ray.connect(None)\n"
+        "except KeyboardInterrupt as stopped:\n"
+        "    print(type(stopped).__name__, stopped.signum, os.path.exists(made[0]))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split("\n")[:2] == ["started", "Interrupted 15 False"], done.stdout
+    assert _ours(short_tmp) == []

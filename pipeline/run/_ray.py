@@ -129,14 +129,15 @@ def connect(address: str | None) -> None:
     )
     if _on_loopback(target):
         kwargs["_node_ip_address"] = "127.0.0.1"
-    if not target:
-        kwargs["_temp_dir"] = _auth.private_temp_dir()
-        _embedded.append(os.path.dirname(kwargs["_temp_dir"]))
-        # registered after Ray's own exit hook (at its import), so run before it; once
-        atexit.unregister(_exit_hook)
-        atexit.register(_exit_hook)
     try:
         with _quiet_token_refusal(bool(target)), hold_stop_signals():
+            if not target:
+                # in the hold: a stop signal from the folder's making on removes it
+                kwargs["_temp_dir"] = _auth.private_temp_dir()
+                _embedded.append(os.path.dirname(kwargs["_temp_dir"]))
+                # registered after Ray's own exit hook (at its import), so run before it
+                atexit.unregister(_exit_hook)
+                atexit.register(_exit_hook)
             ray.init(address=target or "local", **kwargs)
     except BaseException as e:
         disconnect()  # a stop held till Ray was up (hold_stop_signals) finds it started
