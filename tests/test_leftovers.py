@@ -119,20 +119,41 @@ def test_a_stop_signal_while_ray_starts_leaves_nothing(
     assert _ray_processes(short_tmp) == []
 
 
-def test_a_stop_signal_as_the_ray_folder_is_made_is_held_and_the_folder_goes(short_tmp):
-    """The earliest moment of the test above, made certain: SIGTERM the instant the private
-    folder exists (``ray.init`` a stub, so nothing starts). The signal is held through the
-    start-up and the folder removed; had the folder been made before the hold, the default
-    SIGTERM would kill the launch there and leave it."""
-    script = (
-        "import os, signal, ray\n"
-        "from phasesweep.pipeline.run import _auth, _ray\n"
-        "made, real = [], _auth.private_temp_dir\n"
+#: Code that sends SIGTERM at one moment of the start-up, for the test below.
+STOP_AT = {
+    "as the folder is made": (
+        "real = _auth.private_temp_dir\n"
         "def private_temp_dir():\n"
         "    made.append(os.path.dirname(real()))\n"
         "    signal.raise_signal(signal.SIGTERM)\n"
         "    return os.path.join(made[-1], 'r')\n"
         "_auth.private_temp_dir = private_temp_dir\n"
+    ),
+    "as the hold ends": (
+        "real, make = _ray.hold_stop_signals, _auth.private_temp_dir\n"
+        "_auth.private_temp_dir = lambda: made.append(os.path.dirname(make())) or made[0] + '/r'\n"
+        "@contextlib.contextmanager\n"
+        "def hold_stop_signals():\n"
+        "    with real():\n"
+        "        yield\n"
+        "    signal.raise_signal(signal.SIGTERM)\n"
+        "_ray.hold_stop_signals = hold_stop_signals\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("moment", STOP_AT)
+def test_a_stop_signal_at_the_edges_of_the_start_up_removes_the_ray_folder(short_tmp, moment):
+    """The earliest and latest moments of the test above, made certain (``ray.init`` a
+    stub, so nothing starts): SIGTERM the instant the private folder exists, or the instant
+    the start-up's hold ends. The launch unwinds with ``Interrupted`` and removes the
+    folder; had the folder been made before the hold, or SIGTERM's handler been set only
+    after it, the default SIGTERM would kill the launch there and leave its Ray behind."""
+    script = (
+        "import contextlib, os, signal, ray\n"
+        "from phasesweep.pipeline.run import _auth, _ray\n"
+        "made = []\n"
+        f"{STOP_AT[moment]}"
         "ray.init = lambda **kwargs: print('started', flush=True)\n"
         "try:\n"
         "    _ray.connect(None)\n"

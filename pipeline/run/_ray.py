@@ -93,9 +93,9 @@ def connect(address: str | None) -> None:
     unreachable or malformed address, or a refused token, is a :class:`SpecError` naming
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
     variables as the Ray it starts or joins needs them. A stop signal during Ray's
-    start-up ends it (:func:`hold_stop_signals`). Afterwards the process takes SIGTERM
-    as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where Ray's
-    init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
+    start-up ends it (:func:`hold_stop_signals`). From the start-up on the process takes
+    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where
+    Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
     if "ray" in sys.modules:
         import ray
@@ -129,6 +129,10 @@ def connect(address: str | None) -> None:
     )
     if _on_loopback(target):
         kwargs["_node_ip_address"] = "127.0.0.1"
+    # from now on this process takes SIGTERM as it takes Ctrl-C: the hold below gives a
+    # signal held in it to this handler, and one just after it finds the handler set
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_interrupted)
     try:
         with _quiet_token_refusal(bool(target)), hold_stop_signals():
             if not target:
@@ -145,9 +149,6 @@ def connect(address: str | None) -> None:
         if target and isinstance(e, joining):
             raise SpecError("--address", target, _join_failure(e), "argument") from None
         raise
-    # from now on this process takes SIGTERM as it takes Ctrl-C
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, raise_interrupted)
     if _auth.joined_without_token():
         if address == STANDING:
             why = "it was started with RAY_AUTH_MODE=disabled"
