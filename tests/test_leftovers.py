@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,19 @@ def test_kill_running_from_ends_exactly_the_processes_that_name_the_folder(short
         beside.wait()
 
 
+def _stop_once_the_ray_folder_appears(
+    proc: subprocess.Popen, tmp: Path, stop: signal.Signals
+) -> str:
+    """Send ``stop`` to the launch ``proc`` as soon as a Ray folder appears under ``tmp``
+    (its start-up under way); its stderr once it has exited."""
+    deadline = time.monotonic() + 300
+    while not _ours(tmp) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _ours(tmp), "the Ray's folder never appeared"
+    proc.send_signal(stop)
+    return proc.communicate(timeout=300)[1]
+
+
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_stop_signal_while_ray_starts_leaves_nothing(
     short_tmp, tmp_path, tiny_spec, phasesweep_cli, stop
@@ -101,22 +115,48 @@ def test_a_stop_signal_while_ray_starts_leaves_nothing(
     """SIGINT or SIGTERM as soon as the embedded Ray's folder appears (its start-up under
     way): the launch exits 128 + the signal's number and leaves no folder and no process
     of that Ray."""
-    import time
-
     spec = tiny_spec({"train.steps": 20})
     proc = phasesweep_cli(
         ["run", str(spec), "--store", str(tmp_path / "store"), "--no-progress"],
         {"TMPDIR": str(short_tmp)},
     )
-    deadline = time.monotonic() + 300
-    while not _ours(short_tmp) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _ours(short_tmp), "the embedded Ray's folder never appeared"
-    proc.send_signal(stop)
-    _, err = proc.communicate(timeout=300)
+    err = _stop_once_the_ray_folder_appears(proc, short_tmp, stop)
     assert proc.returncode == 128 + stop, err
     assert _ours(short_tmp) == []
     assert _ray_processes(short_tmp) == []
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_while_the_standing_ray_starts_leaves_it_recorded(
+    short_tmp, tmp_path, tiny_spec, phasesweep_cli, stop
+):
+    """SIGINT or SIGTERM as soon as the standing Ray's folder appears (a launch with
+    ``--address standing`` starting it): the start finishes and is recorded, then the
+    launch exits 128 + the signal's number, and ``standing stop`` leaves nothing. Stopped
+    halfway, a head that no ``instance.json`` names ran on out of ``standing stop``'s reach
+    (SIGTERM killed the launch there), and the next launch started a second one."""
+    from phasesweep.pipeline.run._standing import kill_running_from
+
+    env = {"TMPDIR": str(short_tmp), "PHASESWEEP_STANDING_DIR": str(short_tmp / "st")}
+    spec = tiny_spec({"train.steps": 20})
+    proc = phasesweep_cli(
+        ["run", str(spec), "--store", str(tmp_path / "store"), "--no-progress"]
+        + ["--address", "standing"],
+        env,
+    )
+    try:
+        err = _stop_once_the_ray_folder_appears(proc, short_tmp, stop)
+        assert proc.returncode == 128 + stop, err
+        assert (short_tmp / "st" / "instance.json").is_file(), "the start was not recorded"
+        stopped = phasesweep_cli(["standing", "stop"], env).communicate(timeout=120)[0]
+        assert stopped.strip() == "stopped"
+        assert _ours(short_tmp) == []
+        assert _ray_processes(short_tmp) == []
+    finally:
+        proc.kill()
+        phasesweep_cli(["standing", "stop"], env).communicate(timeout=120)
+        for folder in _ours(short_tmp):  # a head no instance.json names: by its folder
+            kill_running_from(str(folder))
 
 
 #: Code that sends SIGTERM at one moment of the start-up, for the test below.

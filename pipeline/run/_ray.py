@@ -31,7 +31,7 @@ from typing import Any
 
 from phasesweep.pipeline.run import _auth
 from phasesweep.pipeline.run import _standing as standing
-from phasesweep.pipeline.run._signals import Interrupted, on_stop_signals, raise_interrupted
+from phasesweep.pipeline.run._signals import held_stop_signals, raise_interrupted
 from phasesweep.pipeline.spec import SpecError
 
 #: The private folder of the embedded Ray this process started (removed when it stops).
@@ -219,9 +219,9 @@ def _quiet_token_refusal(joining: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def hold_stop_signals() -> Iterator[None]:
-    """Hold a stop signal (Ctrl-C or SIGTERM, :mod:`pipeline.run._signals`) that comes
-    during the block and deliver it after it, to the handler there was before; a second
-    one raises :class:`Interrupted` at once. Ray's start-up forks, and an exception
+    """Hold a stop signal (Ctrl-C or SIGTERM) that comes during Ray's start-up and deliver
+    it after it (:func:`~pipeline.run._signals.held_stop_signals`: to the handler there
+    was before; a second one ends it at once). Ray's start-up forks, and an exception
     raised in an at-fork callback (logging's lock release) is printed and lost: the
     launch would go on as if never interrupted.
 
@@ -233,23 +233,13 @@ def hold_stop_signals() -> Iterator[None]:
     this reads Ray's init, so a Ray that sets the handler otherwise fails it."""
     import ray._private.utils as ray_utils
 
-    held: list[signal.Signals] = []
     setter = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = _left_alone
     try:
-        with on_stop_signals(held.append):
+        with held_stop_signals():
             yield
     finally:
         ray_utils.set_sigterm_handler = setter
-    if not held:
-        return
-    (signum,) = held
-    handler = signal.getsignal(signum)
-    # called here, not re-sent: Ray's start-up may leave SIGINT blocked in this thread
-    if callable(handler):
-        handler(signum, None)
-    elif handler == signal.SIG_DFL:
-        raise Interrupted(signum)
 
 
 def _left_alone(handler: object) -> None:

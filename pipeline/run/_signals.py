@@ -67,3 +67,24 @@ def on_stop_signals(first: Callable[[signal.Signals], None]) -> Iterator[None]:
         for s, before in previous.items():
             # None: a handler installed outside Python, which cannot be put back
             signal.signal(s, signal.SIG_DFL if before is None else before)
+
+
+@contextlib.contextmanager
+def held_stop_signals() -> Iterator[None]:
+    """Hold a stop signal that comes during the block and deliver it after the block, to
+    the handler there was before (:class:`Interrupted` for the default one, nothing for
+    SIG_IGN); a second one raises :class:`Interrupted` at once. For a step that a stop
+    must not cut in two: a started Ray its caller has not yet recorded would be left
+    running with nothing that names it. The handler is called, not the signal re-sent: a
+    Ray start-up may leave SIGINT blocked in this thread."""
+    held: list[signal.Signals] = []
+    with on_stop_signals(held.append):
+        yield
+    if not held:
+        return
+    (signum,) = held
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        raise Interrupted(signum)

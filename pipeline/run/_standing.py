@@ -7,7 +7,9 @@ what a small sweep waits for (``benchmarks/launch.py``). A launch that names the
 standing instance joins it instead (0.3 s) and leaves it running.
 
 - **On demand**: the first launch that names it starts it (about 4 s); later ones
-  reuse it. Starts are serialised by a lock, so concurrent launches start one.
+  reuse it. Starts are serialised by a lock, so concurrent launches start one. A stop
+  signal (Ctrl-C, SIGTERM) during a start ends the launch once the start is recorded,
+  never halfway.
 - **This user's, on this machine**: on 127.0.0.1 only, found through the
   ``instance.json`` of its state folder (:func:`state_dir`) and nothing else, never
   through Ray's own discovery. The embedded default never joins it.
@@ -47,6 +49,7 @@ import time
 from pathlib import Path
 
 from phasesweep.pipeline.run import _auth
+from phasesweep.pipeline.run._signals import held_stop_signals
 
 from phasesweep._config import SpecError
 
@@ -178,34 +181,43 @@ def ensure(num_cpus: int | None = None) -> str:
         if found:
             return found
         hold()  # from now on: the watchdog's idle clock must not run out while it starts
-        port = _free_port()
-        auth = _auth.DISABLED if _auth.disabled_by_user() else "token"
-        env = _env(driver_env({"auth": auth}))
-        private = os.path.dirname(_auth.private_temp_dir())  # Ray's temp folder: private/r
-        command = [
-            sys.executable, "-m", "phasesweep.pipeline.run._standing", "serve",
-            "--port", str(port), "--private-dir", private, "--idle-minutes", str(idle),
-            "--num-cpus", str(num_cpus or os.cpu_count() or 1),
-        ]  # fmt: skip
-        fd = os.open(folder / "standing.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        leader = subprocess.Popen(
-            command, env=env, stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        os.close(fd)  # the child keeps it
-        info = {
-            "address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": private, "auth": auth
-        }  # fmt: skip
-        try:
-            _wait_joinable(info, leader, env)
-        except BaseException:
-            _kill_session(leader.pid)
-            kill_running_from(private)
-            shutil.rmtree(private, ignore_errors=True)
-            raise
-        tmp = folder / "instance.json.tmp"
-        tmp.write_text(json.dumps(info))
-        tmp.replace(folder / "instance.json")
-        return info["address"]
+        # a stop signal waits till the start is recorded or cleaned up: stopped halfway, a
+        # head that no instance.json names would run on till its watchdog stopped it
+        with held_stop_signals():
+            return _start(folder, idle, num_cpus)
+
+
+def _start(folder: Path, idle: float, num_cpus: int | None) -> str:
+    """Start the standing instance and record it in ``folder``'s ``instance.json`` (under
+    the start lock, the caller's); its address."""
+    port = _free_port()
+    auth = _auth.DISABLED if _auth.disabled_by_user() else "token"
+    env = _env(driver_env({"auth": auth}))
+    private = os.path.dirname(_auth.private_temp_dir())  # Ray's temp folder: private/r
+    command = [
+        sys.executable, "-m", "phasesweep.pipeline.run._standing", "serve",
+        "--port", str(port), "--private-dir", private, "--idle-minutes", str(idle),
+        "--num-cpus", str(num_cpus or os.cpu_count() or 1),
+    ]  # fmt: skip
+    fd = os.open(folder / "standing.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    leader = subprocess.Popen(
+        command, env=env, stdout=fd, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    os.close(fd)  # the child keeps it
+    info = {
+        "address": f"127.0.0.1:{port}", "pid": leader.pid, "temp_dir": private, "auth": auth
+    }  # fmt: skip
+    try:
+        _wait_joinable(info, leader, env)
+    except BaseException:
+        _kill_session(leader.pid)
+        kill_running_from(private)
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    tmp = folder / "instance.json.tmp"
+    tmp.write_text(json.dumps(info))
+    tmp.replace(folder / "instance.json")
+    return info["address"]
 
 
 def driver_env(info: dict | None = None) -> dict[str, str]:
