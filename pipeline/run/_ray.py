@@ -134,7 +134,7 @@ def connect(address: str | None) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupted)
     try:
-        with _quiet_token_refusal(bool(target)), hold_stop_signals():
+        with hold_stop_signals(), _quiet_token_refusal(bool(target)):
             if not target:
                 # in the hold: a stop signal from the folder's making on removes it
                 kwargs["_temp_dir"] = _auth.private_temp_dir()
