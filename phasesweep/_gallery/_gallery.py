@@ -139,8 +139,7 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
     """Read ``result``'s numbers from ``sweep`` (default: its default-size sweep) with its
     SQL and check them, and count the sweep's grid points that are not done
     (``missing_points``). Nothing is written."""
-    from phasesweep.pipeline.grid import grid_size
-    from phasesweep.pipeline.run._launch import stored_spec
+    from phasesweep.pipeline.run._launch import stored_grid_size
     from phasesweep.storage import open_catalog
 
     sweep = sweep or result.sweep_name()
@@ -163,8 +162,7 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
             what="argument",
         )
     checks = result.measure(frame)
-    spec = stored_spec(store, sweep)
-    total = None if spec is None else grid_size(spec)
+    total = stored_grid_size(store, sweep)
     missing = 0 if total is None else max(total - done, 0)
     return Evaluation(result, sweep, frame, checks, source_runs, source_finished_at, total, missing)
 

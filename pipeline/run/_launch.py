@@ -76,6 +76,14 @@ def stored_spec(store: Store | str | None, sweep: str) -> SweepSpec | None:
     return None if text is None else validate_spec(parse_yaml(text))
 
 
+def stored_grid_size(store: Store | str | None, sweep: str) -> int | None:
+    """Grid points of the spec the store holds for ``sweep`` (None when it holds none),
+    from its axis sizes (:func:`~phasesweep.pipeline.grid._grid.grid_size`): nothing is
+    expanded."""
+    spec = stored_spec(store, sweep)
+    return None if spec is None else grid_size(spec)
+
+
 #: Spec sections that say how a sweep runs or is read, not what it trains: a relaunch may
 #: change them (e.g. ``analysis.at_time``; ``analyze`` reads the stored spec's).
 RELAUNCH_FREE = ("execution", "analysis", "plots")
@@ -414,8 +422,5 @@ def sweep_status(store: Store | str | None = None, sweep: str | None = None) -> 
         f"SELECT sweep, count(*) FROM runs AS r {where or 'WHERE true'} AND {UNANALYZED} "
         "GROUP BY sweep ORDER BY sweep",
     )
-    total = None
-    if sweep is not None:
-        spec = stored_spec(store, sweep)
-        total = None if spec is None else grid_size(spec)
+    total = None if sweep is None else stored_grid_size(store, sweep)
     return Status([tuple(r) for r in rows], total, dict(unanalyzed))
