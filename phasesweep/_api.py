@@ -449,7 +449,9 @@ def gallery(
     ``full``), analyze it, check the paper's claim, draw figure, caption and SQL into ``out``
     (default ``STORE/figures/gallery``). Returns each result's ``Evaluation`` (``passed``,
     ``checks``, ``caption``, ``missing_points``: grid points not done, failed after retries,
-    which make it INCOMPLETE) with its files. An unknown name is a :class:`SpecError`."""
+    which make it INCOMPLETE; ``failed_points`` and ``failure``, the runs stored as failed and
+    the last line of the latest one's error) with its files. An unknown name is a
+    :class:`SpecError`."""
     from phasesweep._gallery import reproduce_all
 
     opened = open_store(store, must_exist=False)

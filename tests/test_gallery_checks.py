@@ -215,7 +215,11 @@ def test_a_result_read_from_a_sweep_with_points_not_done_is_incomplete(tmp_path)
     assert (evaluation.grid_points, evaluation.missing_points) == (5, 2)
     assert [c.passed for c in evaluation.checks] == [True] and not evaluation.passed
     assert evaluation.caption.startswith("INCOMPLETE — seed 003")
-    assert "2 of the sweep's 5 grid points are not done" in evaluation.caption
+    assert (evaluation.failed_points, evaluation.failure) == (1, "synthetic failure")
+    assert (
+        "2 of the sweep's 5 grid points are not done (1 failed after retries, the latest with "
+        "'synthetic failure'; 1 not yet trained)" in evaluation.caption
+    )
     assert "running its sweep again trains them" in evaluation.caption  # not a gallery sweep
     record(evaluation, store)
     page = report(store, SWEEP, tmp_path / "incomplete")
@@ -249,6 +253,40 @@ def test_a_result_read_from_a_sweep_with_points_not_done_is_incomplete(tmp_path)
     assert [row[5] for row in _gallery_table(report(store, SWEEP, tmp_path / "c")).rows[1:]] == [
         "PASS"
     ]
+
+
+def _failed_with(chunk: dict[str, pa.Table], error: str) -> dict[str, pa.Table]:
+    """``chunk`` with its failed runs' stored error replaced by ``error``."""
+    runs = chunk["runs"]
+    failed = pc.equal(runs["status"], "failed")
+    errors = pc.if_else(failed, pa.scalar(error), runs["error"])
+    return {**chunk, "runs": runs.set_column(runs.schema.get_field_index("error"), "error", errors)}
+
+
+def test_an_incomplete_caption_says_how_many_failed_and_the_latest_failures_reason(tmp_path):
+    """Two points of a 3-point grid failed after retries, a day apart, each with a
+    traceback stored as its error: the caption counts both as failed (none untrained) and
+    quotes the last line of the later one's traceback, cut to 200 characters."""
+    store = Store.open(str(tmp_path / "store"))
+    grid = {**GRID, "init_scale": [1e-2, 3e-2, 1e-1]}
+    store.write_spec(SWEEP, yaml.safe_dump({"name": SWEEP, "grid": grid}))
+    first = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    store.write_chunk(SWEEP, "c0", _chunk([1e-2], "a", first))
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\n{}\n\n'
+    earlier = _failed_with(_chunk([3e-2], "b", first, True), traceback.format("OSError: disk"))
+    later = _chunk([1e-1], "c", first + timedelta(days=1), True)
+    reason = "torch.OutOfMemoryError: " + "x" * 300
+    store.write_chunk(SWEEP, "c1", earlier)
+    store.write_chunk(SWEEP, "c2", _failed_with(later, traceback.format(reason)))
+
+    evaluation = evaluate(dataclasses.replace(_toy(), measure=lambda f: [PASSING]), store, SWEEP)
+    assert (evaluation.missing_points, evaluation.failed_points) == (2, 2)
+    assert evaluation.failure == reason[:199] + "…"
+    assert (
+        f"2 of the sweep's 3 grid points are not done (2 failed after retries, the latest "
+        f"with {evaluation.failure!r}), so the checks read part of the grid"
+    ) in evaluation.caption
+    assert not evaluation.passed
 
 
 @pytest.mark.parametrize(

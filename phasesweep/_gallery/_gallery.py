@@ -106,6 +106,10 @@ class Evaluation:
     #: were not done when it was read: failed after retries, or not yet trained
     grid_points: int | None = None
     missing_points: int = 0
+    #: of the sweep's runs, those stored as failed after retries, and the last line of the
+    #: latest one's error (None without one): what a reader needs to know why
+    failed_points: int = 0
+    failure: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -126,9 +130,21 @@ class Evaluation:
                 retry = f"`{command}` trains them and checks again"
         return (
             f"Incomplete: {self.missing_points} of the sweep's {self.grid_points} grid points "
-            f"are not done (failed after retries, or not yet trained), so the checks read "
-            f"part of the grid; {retry}."
+            f"are not done ({self._not_done}), so the checks read part of the grid; {retry}."
         )
+
+    @property
+    def _not_done(self) -> str:
+        """How the missing points split into failed and untrained ones, with the latest
+        failure's reason."""
+        failed = min(self.failed_points, self.missing_points)
+        if not failed:
+            return "not yet trained"
+        why = f"{failed} failed after retries"
+        if self.failure:
+            why += f", the latest with {self.failure!r}"
+        untrained = self.missing_points - failed
+        return why if not untrained else f"{why}; {untrained} not yet trained"
 
     @property
     def caption(self) -> str:
@@ -147,9 +163,12 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
     try:
         frame = con.execute(result.query(sweep)).df()
         # done as `status` counts it: completed or diverged (a failed run is trained again)
-        source_runs, source_finished_at, done = con.execute(
+        source_runs, source_finished_at, done, failed, error = con.execute(
             "SELECT count(*), max(finished_at), "
-            "count(*) FILTER (WHERE status IS DISTINCT FROM 'failed') FROM runs WHERE sweep = ?",
+            "count(*) FILTER (WHERE status IS DISTINCT FROM 'failed'), "
+            "count(*) FILTER (WHERE status = 'failed'), "
+            "arg_max(error, finished_at) FILTER (WHERE status = 'failed') "
+            "FROM runs WHERE sweep = ?",
             [sweep],
         ).fetchone()
     finally:
@@ -164,7 +183,27 @@ def evaluate(result: Result, store: Store, sweep: str | None = None) -> Evaluati
     checks = result.measure(frame)
     total = stored_grid_size(store, sweep)
     missing = 0 if total is None else max(total - done, 0)
-    return Evaluation(result, sweep, frame, checks, source_runs, source_finished_at, total, missing)
+    return Evaluation(
+        result,
+        sweep,
+        frame,
+        checks,
+        source_runs,
+        source_finished_at,
+        total,
+        missing,
+        failed,
+        _last_line(error),
+    )
+
+
+def _last_line(error: str | None, limit: int = 200) -> str | None:
+    """The last non-blank line of a stored error (a traceback's tail: the exception), cut
+    to ``limit`` characters."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    return lines[-1] if len(lines[-1]) <= limit else lines[-1][: limit - 1] + "…"
 
 
 def draw(evaluation: Evaluation, out: Path | str) -> list[Path]:
