@@ -256,20 +256,6 @@ def analyze_frames(
     }
 
 
-def read_inputs(con, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, trajectories) of a whole sweep from a catalog connection, as pandas frames
-    (for :func:`analyze_frames`; :func:`analyze` reads a batch at a time)."""
-    runs = con.execute(
-        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE sweep = ? ORDER BY run_id", [sweep]
-    ).df()
-    traj = con.execute(
-        f"SELECT run_id, step, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
-        "WHERE sweep = ? ORDER BY run_id, time, step",
-        [sweep],
-    ).df()
-    return runs, traj
-
-
 @dataclass(frozen=True)
 class Reach:
     """How a sweep's completed runs reach ``analysis.at_time``, in numbers that add up over
@@ -339,12 +325,6 @@ class Reach:
                 f"--set analysis.at_time={t} (nothing is retrained) and analyze again"
             )
         return line
-
-
-def unreached(at_time: float | None, status: np.ndarray, final_time: np.ndarray) -> str | None:
-    """:meth:`Reach.line` of the runs given by ``status`` and ``final_time`` (per run:
-    ``runs.status``, ``summaries.final_time``, NaN for a run without a finite loss)."""
-    return None if at_time is None else Reach.of(at_time, status, final_time).line(at_time)
 
 
 #: What :func:`analyze` keeps of every run for the scaling fits (with FIT_SUMMARY_COLUMNS).

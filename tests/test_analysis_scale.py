@@ -225,11 +225,24 @@ def _stored(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
 
 def _whole_sweep(store: Store, sweep: str) -> dict[str, pd.DataFrame]:
     """The analysis of the whole sweep at once, read through the catalog views."""
-    from phasesweep.analysis._analyze import analyze_frames, fit_group_axes, read_inputs
+    from phasesweep.analysis._analyze import (
+        RUN_COLUMNS,
+        TRAJECTORY_COLUMNS,
+        analyze_frames,
+        fit_group_axes,
+    )
     from phasesweep.analysis.config import stored_sweep
 
     spec = stored_sweep(store.read_spec(sweep), sweep)
-    runs, traj = read_inputs(open_catalog(store), sweep)
+    con = open_catalog(store)
+    runs = con.execute(
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE sweep = ? ORDER BY run_id", [sweep]
+    ).df()
+    traj = con.execute(
+        f"SELECT run_id, step, time, {', '.join(TRAJECTORY_COLUMNS)} FROM trajectories "
+        "WHERE sweep = ? ORDER BY run_id, time, step",
+        [sweep],
+    ).df()
     cfg = spec.analysis if spec is not None else None
     tables = analyze_frames(runs, traj, cfg, fit_group_axes(runs, spec))
     # analyze records what each summary was computed from: the run's stored runs row

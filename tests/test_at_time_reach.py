@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 from conftest import TINY_SPEC
-from phasesweep.analysis._analyze import unreached
+from phasesweep.analysis._analyze import Reach
 from phasesweep.pipeline import _axes
 from phasesweep.pipeline.grid import _grid, expand, make_chunks
 from phasesweep.pipeline.grid._horizon import final_time, grid_final_time
@@ -154,14 +154,14 @@ def test_analyze_of_stored_runs_warns_in_one_line_and_its_advice_works(
     assert math.isfinite(regimes[0][1])
 
 
-def test_unreached_counts_completed_runs_and_suggests_a_time_every_run_reaches():
+def test_reach_counts_completed_runs_and_suggests_a_time_every_run_reaches():
     status = np.array(["completed", "completed", "completed", "diverged", "failed"], dtype=object)
     ends = np.array([1.0 / 3.0, 10.0, np.nan, 0.5, np.nan])
-    line = unreached(5.0, status, ends)
+    line = Reach.of(5.0, status, ends).line(5.0)
     # the run without a finite loss does not stop before at_time: it has no end at all
     assert "1 of 3 completed runs (they end by t = 0.333333)" in line
     # rounded down, so the suggested time is reached by the run ending at 1/3
     assert "every run with a finite loss reaches t = 0.333333:" in line
     assert "at_time=0.333333 " in line
-    assert unreached(1.0 / 3.0, status[:2], ends[:2]) is None
-    assert unreached(None, status, ends) is None
+    assert Reach.of(1.0 / 3.0, status[:2], ends[:2]).line(1.0 / 3.0) is None
+    assert Reach.of(5.0, status, ends).line(None) is None

@@ -309,7 +309,7 @@ def test_conditions_from_outside_cannot_write_over_the_tables(tmp_path, store_ma
     over the tables' files with a COPY statement: the condition check keeps statements
     out wherever a ``where`` is put into SQL (figures, the phase-diagram query)."""
     from phasesweep.analysis import phase_diagram_sql
-    from phasesweep.analysis.figures._kind import in_runs
+    from phasesweep.analysis.figures._kind import selected_runs
 
     store = Store.open(str(tmp_path))
     store.write_chunk("s", "c0", store_make_chunk(["r1", "r2"]))
@@ -317,13 +317,13 @@ def test_conditions_from_outside_cannot_write_over_the_tables(tmp_path, store_ma
     before = _fingerprint(tmp_path)
     evil = f"1 = 1); COPY (SELECT 1) TO '{runs_file}' (FORMAT csv, USE_TMP_FILE false); SELECT (1"
     with pytest.raises(ReadOnlyQueryError, match="not one SQL condition"):
-        in_runs(evil)
+        selected_runs(evil)
     with pytest.raises(ReadOnlyQueryError, match="not one SQL condition"):
         phase_diagram_sql("s", where=evil)
     assert _fingerprint(tmp_path) == before
     con = open_catalog(store)
-    cond = in_runs("run_id = 'r1'")
-    assert con.execute(f"SELECT run_id FROM runs WHERE {cond}", ["s"]).fetchall() == [("r1",)]
+    runs = selected_runs("run_id = 'r1'")
+    assert con.execute(f"SELECT run_id FROM {runs}", ["s"]).fetchall() == [("r1",)]
 
 
 def test_both_readers_of_the_locked_catalog_give_the_same_views(

@@ -278,13 +278,6 @@ def first_free(ctx: Context, prefer: tuple[str, ...], taken: set[str], where: st
     return None
 
 
-def in_runs(where: str | None) -> str:
-    """SQL condition (alias-free) selecting the sweep's runs matching ``where``; its one
-    ``?`` is the sweep."""
-    cond = "sweep = ?" + (f" AND ({sql_condition(where)})" if where else "")
-    return f"run_id IN (SELECT run_id FROM runs WHERE {cond})"
-
-
 def selected_runs(where: str | None) -> str:
     """A subquery of the sweep's ``runs`` rows matching ``where`` (its one ``?`` is the
     sweep): a relation to join, in which ``where`` reads the runs' own columns."""

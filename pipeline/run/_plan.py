@@ -67,11 +67,6 @@ class ChunkTask:
         """Members the plan found stored (bits of ``stored``)."""
         return sum(bin(b).count("1") for b in self.stored)
 
-    def is_stored(self, offset: int) -> bool:
-        """Whether the member at ``offset`` from ``start`` was stored when planned."""
-        byte = offset >> 3
-        return byte < len(self.stored) and bool(self.stored[byte] >> (offset & 7) & 1)
-
 
 def member_digest(grid: Grid) -> str:
     """A hash of the grid's member axes (paths and values as the spec gives them): the

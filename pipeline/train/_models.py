@@ -176,11 +176,6 @@ class EnsembleMLP:
         return Params(gw, gb)
 
 
-def mse_loss(output: Tensor, y: Tensor) -> Tensor:
-    """L = 1/(2n) Σ_i ‖f(x_i) − y_i‖² per member: (E, n, k) → (E,)."""
-    return 0.5 * (output - y).square().sum((1, 2)) / output.shape[1]
-
-
 def loss_and_grads(
     net: EnsembleMLP, params: Params, x: Tensor, y: Tensor
 ) -> tuple[Tensor, Params, Tensor]:
@@ -568,7 +563,7 @@ class EnsembleStep:
         return sq * (0.5 / n)
 
     def loss(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
-        """Per-member loss (E,) at θ: :func:`mse_loss` of the forward pass, in blocks."""
+        """Per-member loss (E,) at θ, L = 1/(2n) Σ_i ‖f(x_i) − y_i‖², in blocks."""
         return self._run(params, x, y, None, None, backward=False)
 
     def loss_and_grads(
