@@ -246,6 +246,14 @@ def run(
     once, here or on other machines: points are claimed in the store, so none trains
     twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
     another host dies; hosts' clocks must agree to well within that).
+
+    Stop signals: from Ray's start on, the process takes SIGTERM as it takes Ctrl-C. The
+    first one during the call stops the launch cleanly (running chunks checkpointed,
+    nothing failed; the outcome's ``interrupted`` and ``interrupted_by`` say so) and
+    returns. A second one raises ``Interrupted`` (a ``KeyboardInterrupt``), as SIGTERM
+    outside the call does; a script that does not catch it ends by that signal once its
+    exit hooks ran (status 143 for SIGTERM, 130 for Ctrl-C), not with Python's status 1
+    for an uncaught exception.
     """
     planned = plan(
         source,

@@ -58,6 +58,56 @@ def test_raise_interrupted_is_sigterms_counterpart_of_pythons_ctrl_c_handler():
     assert ended.value.signum == signal.SIGTERM
 
 
+#: A script that takes SIGTERM as a launch makes it take it, records that its exit hooks
+#: ran (into argv[1]), then ends as argv[2] says.
+ENDING = """
+import atexit, pathlib, signal, sys, time
+from phasesweep.pipeline.run._signals import Interrupted, take_sigterm_as_interrupt
+
+take_sigterm_as_interrupt()
+atexit.register(lambda: pathlib.Path(sys.argv[1]).write_text("exit hooks ran"))
+print("taken", flush=True)
+if sys.argv[2] == "second ctrl-c":
+    raise Interrupted(signal.SIGINT)
+if sys.argv[2] == "other error":
+    raise ValueError("not a stop")
+time.sleep(60)
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "ending,status",
+    [("sigterm", -signal.SIGTERM), ("second ctrl-c", -signal.SIGINT), ("other error", 1)],
+)
+def test_an_uncaught_interrupted_ends_the_process_by_its_signal_after_its_exit_hooks(
+    ending, status, tmp_path
+):
+    """A script stopped by SIGTERM outside a launch (after :func:`connect` set the
+    handler) ends killed by SIGTERM, as a shell and a scheduler expect (143), not with
+    Python's status 1 for an uncaught exception, and a second Ctrl-C by SIGINT (130); its
+    exit hooks (Ray's shutdown, the embedded Ray's folder) run first and the traceback is
+    shown. Any other error still exits 1."""
+    import subprocess
+    import sys
+
+    hooks = tmp_path / "hooks"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENDING, str(hooks), ending],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "taken\n"
+    if ending == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status, err
+    assert hooks.read_text() == "exit hooks ran"
+    shown = {"sigterm": "Interrupted: SIGTERM", "second ctrl-c": "Interrupted: SIGINT"}
+    assert shown.get(ending, "ValueError: not a stop") in err.splitlines()[-1]
+
+
 def test_ray_sets_no_sigterm_handler_while_it_starts_so_a_sigterm_then_is_held():
     """Ray's init sets SIGTERM to its ``sys.exit(15)`` (and its node's start to a handler
     of its own), through one setter: a SIGTERM during the start-up was Ray's to take, and

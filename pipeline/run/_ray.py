@@ -21,17 +21,15 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import socket
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 from phasesweep.pipeline.run import _auth
 from phasesweep.pipeline.run import _standing as standing
-from phasesweep.pipeline.run._signals import held_stop_signals, raise_interrupted
+from phasesweep.pipeline.run._signals import held_stop_signals, take_sigterm_as_interrupt
 from phasesweep.pipeline.spec import SpecError
 
 #: The private folder of the embedded Ray this process started (removed when it stops).
@@ -94,7 +92,7 @@ def connect(address: str | None) -> None:
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
     variables as the Ray it starts or joins needs them. A stop signal during Ray's
     start-up ends it (:func:`hold_stop_signals`). From the start-up on the process takes
-    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.raise_interrupted`), where
+    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.take_sigterm_as_interrupt`), where
     Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
     if "ray" in sys.modules:
@@ -131,8 +129,7 @@ def connect(address: str | None) -> None:
         kwargs["_node_ip_address"] = "127.0.0.1"
     # from now on this process takes SIGTERM as it takes Ctrl-C: the hold below gives a
     # signal held in it to this handler, and one just after it finds the handler set
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, raise_interrupted)
+    take_sigterm_as_interrupt()
     try:
         with hold_stop_signals(), _quiet_token_refusal(bool(target)):
             if not target:

@@ -11,8 +11,11 @@ running chunks up to the stop, not only up to their last periodic checkpoint (up
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -37,6 +40,50 @@ def raise_interrupted(signum: int, frame: object) -> None:
     Python's own Ctrl-C handler, which raises ``KeyboardInterrupt``, so that the work
     unwinds (its ``finally`` blocks and exit hooks run) wherever the signal comes."""
     raise Interrupted(signum)
+
+
+def take_sigterm_as_interrupt() -> None:
+    """From now on this process takes SIGTERM as it takes Ctrl-C: the handler is
+    :func:`raise_interrupted`, and an :class:`Interrupted` that no code catches ends the
+    process by its signal, as Python ends one by SIGINT for an uncaught
+    ``KeyboardInterrupt`` (a shell reports 143 for SIGTERM, 130 for a second Ctrl-C).
+    Python itself exits 1 for any subclass of ``KeyboardInterrupt``, so a script stopped
+    outside a launch by SIGTERM looked to its scheduler like a failure.
+
+    Process-wide, as signal handlers are, and in the main thread only (the only one
+    Python runs them in). Cost of the exit by signal: the exit hooks (``atexit``: Ray's
+    shutdown, the embedded Ray's folder) run before the traceback's process kills
+    itself, and standard output and error are flushed, but the rest of Python's
+    finalization does not run: a file the script left open and unflushed loses its
+    buffer, as it would under SIGTERM's default action.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    if not isinstance(sys.excepthook, _ExitBySignal):
+        sys.excepthook = _ExitBySignal(sys.excepthook)
+
+
+class _ExitBySignal:
+    """``sys.excepthook`` for :func:`take_sigterm_as_interrupt`: the hook it wraps shows
+    the exception; an :class:`Interrupted` then runs the exit hooks and ends the process
+    by its signal, with the signal's default action."""
+
+    def __init__(self, shown: Callable[..., object]) -> None:
+        self.shown = shown
+
+    def __call__(self, kind: type[BaseException], error: BaseException, tb: object) -> None:
+        self.shown(kind, error, tb)
+        if not isinstance(error, Interrupted):
+            return
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        signal.signal(error.signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [error.signum])
+        os.kill(os.getpid(), error.signum)
+        os._exit(128 + error.signum)  # only if the signal did not end the process
 
 
 @contextlib.contextmanager
