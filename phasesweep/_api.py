@@ -157,9 +157,8 @@ def load_spec(source: SpecSource, overrides: Sequence[str] = ()) -> SweepSpec:
 def expand(spec: SpecSource) -> list[Point]:
     """The grid points of ``spec`` (anything :func:`load_spec` takes), in grid order.
 
-    Each :class:`~phasesweep.pipeline.Point` has the ``run_id`` the store files it
-    under, the resolved ``config`` and its ``coords`` on the grid axes (the last axis
-    varies fastest).
+    Each :class:`~phasesweep.pipeline.Point` has the ``run_id`` the store files it under,
+    the resolved ``config`` and its ``coords`` on the grid axes (the last varies fastest).
     """
     from phasesweep.pipeline.grid import expand as expand_grid
     from phasesweep.pipeline.spec import SweepSpec
@@ -229,9 +228,8 @@ def run(
     ``address`` names a cluster: ``auto``, ``host:port`` or ``ray://host:port``; or
     ``standing``: this user's standing local Ray, started on demand, left running for
     the next launch and stopped after idling or by ``phasesweep standing stop``). The
-    store is created if missing. Returns a
-    :class:`~phasesweep.SweepOutcome` (``trained``, ``diverged``,
-    ``skipped``, ``failed`` run ids, ``errors``).
+    store is created if missing. Returns a :class:`~phasesweep.SweepOutcome`
+    (``trained``, ``diverged``, ``skipped``, ``failed`` run ids, ``errors``).
 
     Relaunch: a spec whose grid is a part of the one stored under its name (same base
     config; ``execution`` may change) trains what the store lacks of it and leaves the
@@ -245,15 +243,10 @@ def run(
     reuse it; ``ray.shutdown()`` ends it). Any number of launches of one sweep may run at
     once, here or on other machines: points are claimed in the store, so none trains
     twice (leases expire after ``$PHASESWEEP_LEASE_TTL`` seconds when a holder on
-    another host dies; hosts' clocks must agree to well within that).
-
-    Stop signals: from Ray's start on, the process takes SIGTERM as it takes Ctrl-C. The
-    first one during the call stops the launch cleanly (running chunks checkpointed,
-    nothing failed; the outcome's ``interrupted`` and ``interrupted_by`` say so) and
-    returns. A second one raises ``Interrupted`` (a ``KeyboardInterrupt``), as SIGTERM
-    outside the call does; a script that does not catch it ends by that signal once its
-    exit hooks ran (status 143 for SIGTERM, 130 for Ctrl-C), not with Python's status 1
-    for an uncaught exception.
+    another host dies; hosts' clocks must agree to well within that). Stop signals: the
+    first Ctrl-C or SIGTERM stops the launch cleanly (``interrupted``); a second, or SIGTERM
+    outside the call, raises ``Interrupted`` (a ``KeyboardInterrupt``), which uncaught
+    ends the script by that signal once its exit hooks ran (143, 130).
     """
     planned = plan(
         source,
@@ -455,11 +448,10 @@ def gallery(
     """Reproduce the gallery's results named (all for none; ``phasesweep gallery``): train
     what the store lacks of each one's sweep (default size, or the paper's range with
     ``full``), analyze it, check the paper's claim, draw figure, caption and SQL into ``out``
-    (default ``STORE/figures/gallery``). Returns each result's ``Evaluation`` (``passed``,
-    ``checks``, ``caption``, ``missing_points``: grid points not done, failed after retries,
-    which make it INCOMPLETE; ``failed_points`` and ``failure``, the runs stored as failed and
-    the last line of the latest one's error) with its files. An unknown name is a
-    :class:`SpecError`."""
+    (default ``STORE/figures/gallery``). Returns each ``Evaluation`` (``passed``,
+    ``checks``, ``caption``, ``missing_points``: grid points not done, which make it
+    INCOMPLETE; ``failed_points``, ``failure``: those failed after retries, the latest's
+    error) with its files. An unknown name is a :class:`SpecError`."""
     from phasesweep._gallery import reproduce_all
 
     opened = open_store(store, must_exist=False)
