@@ -12,6 +12,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
 
 from benchmarks import gpu  # noqa: E402
@@ -95,3 +97,21 @@ def test_metrics_work_splits_the_accelerated_metrics_by_method(tmp_path):
     assert methods["kernel predictor (integrals)"]["calls"] == 1
     assert methods["ntk"]["calls"] > 10  # once per logged step, and the predictor's set-up
     assert r["timing"]["metrics_s"] > 0 and r["members"] == 8
+
+
+@pytest.mark.process
+def test_two_trials_per_card_report_their_points_per_second_against_one(tmp_path):
+    """benchmarks/gpu_pair.py: one trial process, then two at once, each a warm-up chunk
+    and two timed ones of 16 members; the report's counts and ratios add up."""
+    from benchmarks import gpu_pair
+
+    argv = ["--device", "cpu", "--members", "16", "--steps", "20", "--out", str(tmp_path)]
+    assert gpu_pair.main(argv) == 0
+    report = json.loads((tmp_path / "gpu_pair.json").read_text())
+    one, two = report["rows"]
+    assert [(r["trials"], r["points"]) for r in report["rows"]] == [(1, 32), (2, 64)]
+    for r in report["rows"]:
+        assert r["seconds"] > 0 and math.isclose(r["rate"], r["points"] / r["seconds"])
+        assert math.isclose(r["grid_s"], report["grid_points"] / r["rate"])
+    assert report["grid_points"] == gpu.INIT_SCALES * gpu.SEEDS
+    assert math.isclose(report["speedup"], two["rate"] / one["rate"])

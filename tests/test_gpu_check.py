@@ -1,7 +1,8 @@
 """``scripts/gpu-check`` without a GPU (issue 33): on a copy of the script and pyproject.toml,
 with a fake Python (the real one, whose installed versions a ``sitecustomize`` overrides;
-its ``-m venv``, ``-m pip`` and ``-m pytest`` only logged), what it decides to install and
-from where, what it runs, and that it stops on a torch outside the project's range."""
+its ``-m venv``, ``-m pip``, ``-m pytest`` and ``-m benchmarks.*`` only logged), what it
+decides to install and from where, what it runs, and that it stops on a torch outside the
+project's range; and what ``scripts/gpu-bench`` runs after it."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def test_every_stated_torch_range_is_pyprojects():
 def tree(tmp_path: Path) -> Path:
     """A tree holding the script and pyproject.toml, and a fake ``python`` in ``bin``."""
     (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "gpu-check", tmp_path / "scripts")
+    for script in ("gpu-check", "gpu-bench"):
+        shutil.copy(ROOT / "scripts" / script, tmp_path / "scripts")
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     site = tmp_path / "site"
     site.mkdir()
@@ -78,6 +80,7 @@ def tree(tmp_path: Path) -> Path:
         'case "$1 $2" in\n'
         '"-m venv") mkdir -p "$4/bin" && cp "$0" "$4/bin/python"; exit 0 ;;\n'
         '"-m pip" | "-m pytest") exit 0 ;;\n'
+        '"-m benchmarks."*) [ "$2" = "$FAKE_FAILS" ] && exit 3; exit 0 ;;\n'
         "esac\n"
         f'PYTHONPATH={site} exec {sys.executable} "$@"\n'
     )
@@ -91,15 +94,27 @@ def logged(tree: Path, what: str) -> list[str]:
     return [c for c in calls if f" -m {what}" in c]
 
 
-def gpu_check(
-    tree: Path, *args: str, versions: str = "", venv: bool = True
+def run_script(
+    tree: Path,
+    *args: str,
+    versions: str = "",
+    venv: bool = True,
+    script: str = "gpu-check",
+    fails: str = "",
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": str(tree / "bin" / "python"), "FAKE_VERSIONS": versions}
+    """Run ``script`` of ``tree`` with its fake Python; ``fails``: the benchmark module
+    whose run exits 3."""
+    env = {
+        **os.environ,
+        "PYTHON": str(tree / "bin" / "python"),
+        "FAKE_VERSIONS": versions,
+        "FAKE_FAILS": fails,
+    }
     env.pop("PYTHONPATH", None)
     if not venv:
         env["FAKE_NO_VENV"] = "1"
     return subprocess.run(
-        ["bash", str(tree / "scripts" / "gpu-check"), *args],
+        ["bash", str(tree / "scripts" / script), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -107,13 +122,14 @@ def gpu_check(
     )
 
 
-def test_the_script_parses():
-    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu-check")], check=True)
+@pytest.mark.parametrize("script", ["gpu-check", "gpu-bench"])
+def test_the_script_parses(script):
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
 
 def test_a_machine_with_everything_installs_nothing_and_runs_the_tier_from_the_tree(tree):
     low, _ = torch_range()
-    done = gpu_check(tree, "--dry-run", "-x", "-k", "resume", versions=f"torch={low}.0+cu130")
+    done = run_script(tree, "--dry-run", "-x", "-k", "resume", versions=f"torch={low}.0+cu130")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"gpu-check: {tree}/bin/python has what the tier needs: installing nothing"
@@ -128,7 +144,7 @@ def test_a_machine_with_everything_installs_nothing_and_runs_the_tier_from_the_t
 def test_what_is_missing_or_too_old_is_installed_from_wheels_where_they_are(tree, wheels):
     if wheels:
         (tree / "wheels").mkdir()
-    done = gpu_check(tree, "--dry-run", versions="pydantic=,pyyaml=5.4.1,pandas=2.2.0")
+    done = run_script(tree, "--dry-run", versions="pydantic=,pyyaml=5.4.1,pandas=2.2.0")
     assert done.returncode == 0, done.stderr
     source = "./wheels" if wheels else "PyPI"
     assert done.stdout.splitlines()[0] == (
@@ -139,7 +155,7 @@ def test_what_is_missing_or_too_old_is_installed_from_wheels_where_they_are(tree
 def test_outside_a_virtual_environment_it_installs_into_one_that_sees_the_machines_packages(
     tree,
 ):
-    done = gpu_check(tree, "--dry-run", versions="pytest=", venv=False)
+    done = run_script(tree, "--dry-run", versions="pytest=", venv=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == (
         "gpu-check: installing pytest>=8 from PyPI into .venv-gpu/bin/python"
@@ -151,7 +167,7 @@ def test_outside_a_virtual_environment_it_installs_into_one_that_sees_the_machin
 @pytest.mark.parametrize("torch", ["", "2.10.1+cu128", "1.13.0"])
 def test_no_torch_or_an_older_one_stops_it_naming_the_range(tree, torch):
     low, high = torch_range()
-    done = gpu_check(tree, "--dry-run", versions=f"torch={torch},pydantic=")
+    done = run_script(tree, "--dry-run", versions=f"torch={torch},pydantic=")
     assert done.returncode == 2 and done.stdout == ""
     have = f"torch {torch}" if torch else "no torch"
     assert f"has {have}; the project needs torch>={low},<{high}" in done.stderr
@@ -159,7 +175,7 @@ def test_no_torch_or_an_older_one_stops_it_naming_the_range(tree, torch):
 
 def test_a_newer_torch_runs_with_a_warning(tree):
     _, high = torch_range()
-    done = gpu_check(tree, "--dry-run", versions=f"torch={high}.1")
+    done = run_script(tree, "--dry-run", versions=f"torch={high}.1")
     assert done.returncode == 0
     assert f"torch {high}.1 is newer than the range tested (<{high})" in done.stderr
     assert "installing nothing" in done.stdout
@@ -169,7 +185,7 @@ def test_outside_a_virtual_environment_it_makes_one_and_installs_offline_from_wh
     """The commands a run without --dry-run gives: .venv-gpu made seeing the machine's
     packages, pip asked for the missing need only, with no index, and the tier run there."""
     (tree / "wheels").mkdir()
-    done = gpu_check(tree, "-x", versions="pytest=", venv=False)
+    done = run_script(tree, "-x", versions="pytest=", venv=False)
     assert done.returncode == 0, done.stderr
     assert logged(tree, "venv") == [
         f"PYTHONPATH= {tree}/bin/python -m venv --system-site-packages .venv-gpu"
@@ -185,7 +201,31 @@ def test_outside_a_virtual_environment_it_makes_one_and_installs_offline_from_wh
 
 
 def test_with_everything_there_it_runs_the_tier_and_nothing_else(tree):
-    done = gpu_check(tree)
+    done = run_script(tree)
     assert done.returncode == 0, done.stderr
     assert logged(tree, "venv") == logged(tree, "pip") == []
     assert len(logged(tree, "pytest")) == 1
+
+
+def test_gpu_bench_runs_the_tier_then_each_benchmark_with_its_python_past_a_failure(tree):
+    """scripts/gpu-bench on a machine outside a virtual environment: the tier installs
+    into .venv-gpu, and every benchmark runs with that Python into the folder given, the
+    one after a failed benchmark too; the failure sets the exit status."""
+    (tree / "wheels").mkdir()
+    done = run_script(
+        tree, "out", versions="pydantic=", venv=False, script="gpu-bench", fails="benchmarks.gpu"
+    )
+    assert done.returncode == 1
+    assert "gpu-bench: benchmarks.gpu failed" in done.stderr
+    assert len(logged(tree, "pytest")) == 1
+    assert logged(tree, "benchmarks") == [
+        f"PYTHONPATH={tree} .venv-gpu/bin/python -m {step} --out out"
+        for step in (
+            "benchmarks.gpu",
+            "benchmarks.metrics_work --device cuda --members 71429",
+            "benchmarks.gpu_pair",
+        )
+    ]
+    assert (tree / "out").is_dir()
+    ok = run_script(tree, "out", versions="pydantic=", venv=False, script="gpu-bench")
+    assert ok.returncode == 0, ok.stderr
