@@ -96,6 +96,7 @@ def test_an_uncaught_interrupted_ends_the_process_by_its_signal_after_its_exit_h
         [sys.executable, "-c", ENDING, str(hooks), ending],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline() == "taken\n"
@@ -228,3 +229,23 @@ def test_the_gallery_checks_nothing_of_a_sweep_a_signal_left_partly_trained(tmp_
     assert ended.value.signum == signal.SIGINT
     assert not list((tmp_path / "store").rglob("*.parquet"))
     assert not (tmp_path / "figures").exists()
+
+
+@pytest.mark.process
+def test_at_an_interactive_prompt_an_uncaught_interrupted_leaves_the_session_going(tmp_path):
+    """``python -i``: the Interrupted of a second Ctrl-C is shown and the prompt takes the
+    next line, as after Python's own KeyboardInterrupt; the exit hooks run at its end."""
+    import subprocess
+    import sys
+
+    hooks = tmp_path / "hooks"
+    done = subprocess.run(
+        [sys.executable, "-i", "-c", ENDING, str(hooks), "second ctrl-c"],
+        input="print('still here')\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Interrupted: SIGINT" in done.stderr and "still here" in done.stdout
+    assert hooks.read_text() == "exit hooks ran"

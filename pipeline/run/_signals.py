@@ -51,7 +51,8 @@ def take_sigterm_as_interrupt() -> None:
     outside a launch by SIGTERM looked to its scheduler like a failure.
 
     Process-wide, as signal handlers are, and in the main thread only (the only one
-    Python runs them in). Cost of the exit by signal: the exit hooks (``atexit``: Ray's
+    Python runs them in); not at an interactive prompt (``python -i``, the REPL), where
+    the session goes on as after Ctrl-C. Cost of the exit by signal: the exit hooks (``atexit``: Ray's
     shutdown, the embedded Ray's folder) run before the traceback's process kills
     itself, and standard output and error are flushed, but the rest of Python's
     finalization does not run: a file the script left open and unflushed loses its
@@ -74,8 +75,8 @@ class _ExitBySignal:
 
     def __call__(self, kind: type[BaseException], error: BaseException, tb: object) -> None:
         self.shown(kind, error, tb)
-        if not isinstance(error, Interrupted):
-            return
+        if not isinstance(error, Interrupted) or hasattr(sys, "ps1") or sys.flags.interactive:
+            return  # at an interactive prompt the session goes on, as after Ctrl-C
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
