@@ -34,10 +34,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phasesweep.pipeline.spec import SweepSpec
+
 from benchmarks.gpu import METRICS, RESULTS, WRITE_THREADS, grid_spec
 
 #: Trials at once in the measured run (the baseline is one).
 TRIALS = 2
+
+
+def pair_spec(steps: int) -> SweepSpec:
+    """The grid both runs train: :mod:`benchmarks.gpu`'s at width 16, depth 2, the
+    default metrics, ``steps`` steps, 20 logged."""
+    return grid_spec(16, 2, steps, 20, METRICS["default"])
 
 
 def _chunks(device: str, steps: int, members: int | None, share: float) -> tuple[Any, list]:
@@ -47,7 +55,7 @@ def _chunks(device: str, steps: int, members: int | None, share: float) -> tuple
     from phasesweep.pipeline.grid import Grid
     from phasesweep.pipeline.run._plan import plan_chunks
 
-    grid = Grid(grid_spec(16, 2, steps, 20, METRICS["default"]))
+    grid = Grid(pair_spec(steps))
     cuda = torch.device(device).type == "cuda"
     memory = int(torch.cuda.get_device_properties(device).total_memory * share) if cuda else None
     tasks = plan_chunks(grid, device_memory=memory)
@@ -112,7 +120,7 @@ def run(args: dict) -> dict[str, Any]:
     """The baseline and the pair, with the grid's time extrapolated from each."""
     from phasesweep.pipeline.grid import grid_size
 
-    size = grid_size(grid_spec(16, 2, args["steps"], 20, METRICS["default"]))
+    size = grid_size(pair_spec(args["steps"]))
     rows = [measure(1, args), measure(TRIALS, args)]
     for row in rows:
         row["grid_s"] = size / row["rate"]

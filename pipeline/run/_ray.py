@@ -92,8 +92,8 @@ def connect(address: str | None) -> None:
     ``--address`` (exit 2), raised within seconds. Sets this process's ``RAY_*``
     variables as the Ray it starts or joins needs them. A stop signal during Ray's
     start-up ends it (:func:`hold_stop_signals`). From the start-up on the process takes
-    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.take_sigterm_as_interrupt`), where
-    Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
+    SIGTERM as it takes Ctrl-C (:func:`~pipeline.run._signals.take_sigterm_as_interrupt`),
+    where Ray's init would leave ``sys.exit(15)``: a launch stopped so unwinds and exits 143.
     """
     if "ray" in sys.modules:
         import ray

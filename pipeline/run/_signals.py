@@ -52,8 +52,8 @@ def take_sigterm_as_interrupt() -> None:
 
     Process-wide, as signal handlers are, and in the main thread only (the only one
     Python runs them in); not at an interactive prompt (``python -i``, the REPL), where
-    the session goes on as after Ctrl-C. Cost of the exit by signal: the exit hooks (``atexit``: Ray's
-    shutdown, the embedded Ray's folder) run before the traceback's process kills
+    the session goes on as after Ctrl-C. Cost of the exit by signal: the exit hooks
+    (``atexit``: Ray's shutdown, the embedded Ray's folder) run before the process kills
     itself, and standard output and error are flushed, but the rest of Python's
     finalization does not run: a file the script left open and unflushed loses its
     buffer, as it would under SIGTERM's default action.
